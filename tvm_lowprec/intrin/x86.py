@@ -1,0 +1,127 @@
+"""x86 dot-product intrinsics: desc/impl pairs made by factories, one pair per operand shape.
+
+- ``vpdpbusd`` (AVX-512 VNNI, 512-bit; AVX-VNNI or AVX-512VL VNNI, 256-bit): ``C[lanes] += A[4]u8 . B[lanes,4]s8``.
+  The s8-activation variant flips the sign bit of the broadcast activation (``a ^ 0x80 == a + 128``
+  as u8), so the described computation is ``(A + 128) * B`` and the kernel subtracts
+  ``128 * colsum(B)`` in its epilogue: exact, no extra pass over A.
+- ``vpmaddwd`` (AVX2 / AVX-512BW without VNNI): ``C[lanes] += A[2]i16 . B[lanes,2]s8``. Operands are
+  widened to int16 first, so products never saturate (``pmaddubsw``, the usual fallback, saturates
+  u8 x s8 pair sums to int16 and gives wrong results; it is deliberately absent here).
+
+TVM's own ``dot_16x4_vnni`` passes ``int32x16`` operands, which the LLVM 22 inside the 0.27 wheel
+rejects; these impls pass byte vectors, as the intrinsic now expects.
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+from ..targets.spec import AOperand, GemmIntrin
+
+_SIGN_FLIP = -2139062144  # 0x80808080 as int32: flips the sign bit of each of 4 packed bytes
+
+
+def _dot_desc(lanes: int, kstep: int, a_dtype: str, a_offset: int):
+    shifted = a_offset != 0
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((kstep,), a_dtype, offset_factor=1),
+        B: T.Buffer((lanes, kstep), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ):
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, kstep):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + (
+                        (T.cast(A[vk], "int32") + a_offset) if shifted else T.cast(A[vk], "int32")
+                    ) * T.cast(B[vi, vk], "int32")
+
+    return desc
+
+
+def _vpdpbusd_impl(lanes: int, a_dtype: str, llvm_name: str):
+    kstep, nbytes = 4, lanes * 4
+    flip = a_dtype == "int8"
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((kstep,), a_dtype, offset_factor=1),
+        B: T.Buffer((lanes, kstep), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ):
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
+            T.writes(C[0:lanes])
+            a4 = T.reinterpret(A.vload([0], a_dtype + "x4"), dtype="int32")
+            a_b = T.broadcast(T.bitwise_xor(a4, T.int32(_SIGN_FLIP)) if flip else a4, lanes)
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_name),
+                C.vload([0], dtype=f"int32x{lanes}"),
+                T.reinterpret(a_b, dtype=f"uint8x{nbytes}"),
+                B.vload([0, 0], dtype=f"int8x{nbytes}"),
+                dtype=f"int32x{lanes}",
+            )
+
+    return impl
+
+
+def _pmaddwd_impl(lanes: int, llvm_name: str):
+    kstep, n16 = 2, lanes * 2
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((kstep,), "int16", offset_factor=1),
+        B: T.Buffer((lanes, kstep), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ):
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
+            T.writes(C[0:lanes])
+            a2 = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
+            a_b = T.reinterpret(T.broadcast(a2, lanes), dtype=f"int16x{n16}")
+            b16 = T.cast(B.vload([0, 0], dtype=f"int8x{n16}"), f"int16x{n16}")
+            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_name),
+                a_b,
+                b16,
+                dtype=f"int32x{lanes}",
+            )
+
+    return impl
+
+
+def _register(name, desc, impl):
+    TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
+    operands = {}
+    for a_dtype, offset in (("uint8", 0), ("int8", 128)):
+        iname = f"lowprec_{name}_{a_dtype}_{lanes}x4"
+        _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _vpdpbusd_impl(lanes, a_dtype, llvm_name))
+        operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
+    return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features)
+
+
+def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
+    iname = f"lowprec_{name}_int16_{lanes}x2"
+    _register(iname, _dot_desc(lanes, 2, "int16", 0), _pmaddwd_impl(lanes, llvm_name))
+    # both activation dtypes are widened to int16 by the kernel's prepare step: no offset needed
+    operand = AOperand(storage="int16", offset=0, intrin=iname)
+    return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features)
+
+
+# One row per instruction shape. Names are what TargetSpec rows and Compiled.kernels() show.
+VNNI_512 = _vnni_row("vpdpbusd_zmm", 16, "llvm.x86.avx512.vpdpbusd.512", ("avx512f", "avx512bw", "avx512vnni"))
+# 256-bit vpdpbusd: LLVM selects the VEX (AVX-VNNI) encoding when AVX-512VL is absent.
+VNNI_256 = _vnni_row("vpdpbusd_ymm", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx2", "avxvnni"))
+PMADDWD_512 = _pmaddwd_row("vpmaddwd_zmm", 16, "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw"))
+PMADDWD_256 = _pmaddwd_row("vpmaddwd_ymm", 8, "llvm.x86.avx2.pmadd.wd", ("avx2",))
+
+X86_INTRINSICS = {row.name: row for row in (VNNI_512, VNNI_256, PMADDWD_512, PMADDWD_256)}

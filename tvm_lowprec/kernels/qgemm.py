@@ -1,0 +1,270 @@
+"""The quantized GEMM: ``out[m, n] = epilogue(sum_k A'[m, k] * B'[n, k] + corr[n] + rowcoef[n] * rowsum_A'[m])``.
+
+``A'`` is the activation as the intrinsic sees it (``A + offset``), ``B'`` the weight as signed 8-bit
+(``B - 128`` for u8 weights), packed at compile time to the intrinsic's tile. ``corr`` folds the bias
+and every zero-point term that depends on ``n`` only; ``rowcoef * rowsum`` is the one term that
+depends on the activation row, present only when the weight zero point is not zero. The algebra is in
+:func:`tvm_lowprec.quant.zero_points.gemm_corrections`; exact in int32.
+
+This file builds the *computation* (a PrimFunc) and packs weights; the schedule lives in
+:mod:`tvm_lowprec.schedule.qgemm`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import te, tirx
+
+from ..targets.spec import TargetSpec
+
+_QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "int32": (-(2**31), 2**31 - 1)}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What the kernel does with its int32 accumulator.
+
+    kind: ``"requant"`` (``clamp(round(acc * mult) + zero_point, qmin, qmax)``, fused activation as the
+    clamp bounds), ``"int32"`` (the accumulator itself, as MatMulInteger) or ``"float"``
+    (``acc * scale + bias``, for a dequantized output).
+    mode: ``"float"`` rounds ``float32(acc) * float32(mult)`` half to even, as ONNX QuantizeLinear and
+    ONNX Runtime do; ``"fixed_point"`` uses an int32 multiplier and a right shift (round half up),
+    which can differ from ``"float"`` by one step where the product lies within about 1e-7 of a tie.
+    """
+
+    kind: str = "requant"
+    out_dtype: str = "uint8"
+    zero_point: int = 0
+    qmin: int | None = None
+    qmax: int | None = None
+    mode: str = "float"
+
+    def __post_init__(self):
+        if self.kind not in ("requant", "int32", "float"):
+            raise ValueError(f"unknown epilogue kind {self.kind!r}")
+        if self.mode not in ("float", "fixed_point"):
+            raise ValueError(f"unknown requantization mode {self.mode!r}")
+        if self.kind == "requant":
+            if self.out_dtype not in ("uint8", "int8"):
+                raise ValueError(f"requantized output must be uint8 or int8, not {self.out_dtype}")
+            lo, hi = _QRANGE[self.out_dtype]
+            if not lo <= self.zero_point <= hi:
+                raise ValueError(f"zero point {self.zero_point} is outside {self.out_dtype}")
+            object.__setattr__(self, "qmin", lo if self.qmin is None else max(lo, self.qmin))
+            object.__setattr__(self, "qmax", hi if self.qmax is None else min(hi, self.qmax))
+            if self.qmin > self.qmax:
+                raise ValueError(f"empty output range [{self.qmin}, {self.qmax}]")
+        elif self.kind == "int32":
+            object.__setattr__(self, "out_dtype", "int32")
+        else:
+            object.__setattr__(self, "out_dtype", "float32")
+
+
+@dataclass(frozen=True)
+class QGemmProblem:
+    """One integer GEMM as the graph needs it: shapes, activation dtype, epilogue, row term."""
+
+    m: int
+    n: int
+    k: int
+    a_dtype: str
+    epilogue: Epilogue
+    row_term: bool = False  # the weight zero point is not zero: needs rowsum(A')
+
+    def __post_init__(self):
+        if min(self.m, self.n, self.k) < 1:
+            raise ValueError(f"GEMM shape must be positive, got M={self.m} N={self.n} K={self.k}")
+        if self.a_dtype not in ("uint8", "int8"):
+            raise ValueError(f"activations must be uint8 or int8, not {self.a_dtype}")
+        if self.k * 255 * 128 >= 2**31:
+            raise ValueError(f"K={self.k} could overflow the int32 accumulator")
+
+
+def _ceil(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+@dataclass(frozen=True)
+class GemmLayout:
+    """The decision: intrinsic, tile, padded sizes, storage dtypes. Stored on the PrimFunc as attrs."""
+
+    intrin: str
+    intrin_row: str
+    lanes: int
+    kstep: int
+    mr: int
+    nr: int
+    kblock: int
+    a_storage: str
+    a_offset: int
+    mp: int
+    np_: int
+    kp: int
+
+    @staticmethod
+    def choose(problem: QGemmProblem, spec: TargetSpec) -> "GemmLayout":
+        tile = spec.tile_for(problem.m)
+        gi = spec.gemm
+        operand = gi.operand(problem.a_dtype)
+        mr = min(tile.mr, problem.m)
+        nr = max(1, min(tile.nr, -(-problem.n // gi.lanes)))
+        kp = _ceil(problem.k, gi.kstep)
+        kblock = tile.kblock if tile.kblock and tile.kblock < kp and kp % tile.kblock == 0 else 0
+        return GemmLayout(
+            intrin=operand.intrin,
+            intrin_row=gi.name,
+            lanes=gi.lanes,
+            kstep=gi.kstep,
+            mr=mr,
+            nr=nr,
+            kblock=kblock,
+            a_storage=operand.storage,
+            a_offset=operand.offset,
+            mp=_ceil(problem.m, mr),
+            np_=_ceil(problem.n, gi.lanes * nr),
+            kp=kp,
+        )
+
+    @property
+    def panel(self) -> int:
+        return self.lanes * self.nr
+
+    @property
+    def packed_shape(self) -> tuple[int, ...]:
+        return (self.np_ // self.panel, self.kp // self.kstep, self.nr, self.lanes, self.kstep)
+
+    def needs_prepare(self, problem: QGemmProblem) -> bool:
+        return self.a_storage != problem.a_dtype or self.mp != problem.m or self.kp != problem.k
+
+
+def pack_weights(b_signed: np.ndarray, layout: GemmLayout) -> np.ndarray:
+    """``b_signed[K, N]`` (int8 values) -> the micro-panel layout ``[N/panel, K/kstep, nr, lanes, kstep]``.
+
+    Each ``[lanes, kstep]`` slice is one contiguous intrinsic operand, and a whole panel step
+    (``nr * lanes * kstep`` bytes) is contiguous, so the inner loop streams one B panel.
+    """
+    k, n = b_signed.shape
+    padded = np.zeros((layout.kp, layout.np_), np.int8)
+    padded[:k, :n] = b_signed
+    npanel, kb = layout.np_ // layout.panel, layout.kp // layout.kstep
+    t = padded.T.reshape(npanel, layout.nr, layout.lanes, kb, layout.kstep)
+    return np.ascontiguousarray(t.transpose(0, 3, 1, 2, 4))
+
+
+def _pad_vec(v: np.ndarray, n: int, dtype) -> np.ndarray:
+    out = np.zeros((n,), dtype)
+    out[: v.shape[0]] = v
+    return out
+
+
+def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, scale, fbias=None):
+    """The per-column constant arrays the PrimFunc takes after A and packed B, padded to ``np_``."""
+    np_ = layout.np_
+    params = [_pad_vec(np.asarray(corr, np.int32), np_, np.int32)]
+    if problem.row_term:
+        params.append(_pad_vec(np.asarray(rowcoef, np.int32), np_, np.int32))
+    ep = problem.epilogue
+    if ep.kind == "requant" and ep.mode == "fixed_point":
+        from ..quant.requant import fixed_point_multiplier
+
+        mult, shift = fixed_point_multiplier(np.broadcast_to(scale, (problem.n,)))
+        params += [_pad_vec(mult, np_, np.int32), _pad_vec(shift, np_, np.int32)]
+    elif ep.kind in ("requant", "float"):
+        params.append(_pad_vec(np.broadcast_to(np.asarray(scale, np.float32), (problem.n,)), np_, np.float32))
+        if ep.kind == "float":
+            fb = np.zeros(problem.n, np.float32) if fbias is None else np.asarray(fbias, np.float32)
+            params.append(_pad_vec(np.broadcast_to(fb, (problem.n,)), np_, np.float32))
+    return params
+
+
+def _requant_float(x, mult, ep: Epilogue):
+    y = tirx.round(x.astype("float32") * mult)  # LLVM nearbyint: half to even
+    y = tirx.max(tirx.min(y + float(ep.zero_point), float(ep.qmax)), float(ep.qmin))
+    return y.astype("int32").astype(ep.out_dtype)
+
+
+def _requant_fixed(x, mult, shift, ep: Epilogue):
+    prod = x.astype("int64") * mult.astype("int64")
+    total = shift + 31
+    rounded = (prod + (tirx.const(1, "int64") << (total - 1).astype("int64"))) >> total.astype("int64")
+    y = rounded + ep.zero_point
+    y = tirx.max(tirx.min(y, tirx.const(ep.qmax, "int64")), tirx.const(ep.qmin, "int64"))
+    return y.astype(ep.out_dtype)
+
+
+def build_qgemm(problem: QGemmProblem, layout: GemmLayout, name: str = "qgemm"):
+    """The unscheduled PrimFunc. Arguments: A, packed B, epilogue params (see :func:`epilogue_params`), out."""
+    p, lay, ep = problem, layout, problem.epilogue
+    M, N, K = p.m, p.n, p.k
+    A = te.placeholder((M, K), p.a_dtype, name="A")
+    Bp = te.placeholder(lay.packed_shape, "int8", name="B_packed")
+    corr = te.placeholder((lay.np_,), "int32", name="corr")
+    args = [A, Bp, corr]
+
+    a_src = A
+    if lay.needs_prepare(p):
+        def prep(m, k):
+            inside = tirx.all(m < M, k < K)
+            return tirx.if_then_else(inside, A[tirx.min(m, M - 1), tirx.min(k, K - 1)].astype(lay.a_storage), tirx.const(0, lay.a_storage))
+
+        a_src = te.compute((lay.mp, lay.kp), prep, name="A_prepared")
+
+    k = te.reduce_axis((0, lay.kp), name="k")
+    G, L, KS = lay.panel, lay.lanes, lay.kstep
+
+    def a_val(m, kk):
+        v = a_src[m, kk].astype("int32")
+        return v + lay.a_offset if lay.a_offset else v
+
+    acc = te.compute(
+        (lay.mp, lay.np_),
+        lambda m, n: te.sum(a_val(m, k) * Bp[n // G, k // KS, (n // L) % lay.nr, n % L, k % KS].astype("int32"), axis=k),
+        name="gemm",
+    )
+    row_extra = None
+    if p.row_term:
+        rowcoef = te.placeholder((lay.np_,), "int32", name="rowcoef")
+        args.append(rowcoef)
+        kr = te.reduce_axis((0, K), name="kr")
+        rowsum = te.compute((M,), lambda m: te.sum(A[m, kr].astype("int32"), axis=kr), name="rowsum")
+        row_extra = (rowcoef, rowsum, lay.a_offset * K)
+
+    def total(m, n):
+        x = acc[m, n] + corr[n]
+        if row_extra is not None:
+            rowcoef, rowsum, off = row_extra
+            x = x + rowcoef[n] * (rowsum[m] + off)
+        return x
+
+    if ep.kind == "int32":
+        out = te.compute((M, N), total, name="epilogue")
+    elif ep.kind == "float":
+        scale = te.placeholder((lay.np_,), "float32", name="scale")
+        fbias = te.placeholder((lay.np_,), "float32", name="fbias")
+        args += [scale, fbias]
+        out = te.compute((M, N), lambda m, n: total(m, n).astype("float32") * scale[n] + fbias[n], name="epilogue")
+    elif ep.mode == "fixed_point":
+        mult = te.placeholder((lay.np_,), "int32", name="mult")
+        shift = te.placeholder((lay.np_,), "int32", name="shift")
+        args += [mult, shift]
+        out = te.compute((M, N), lambda m, n: _requant_fixed(total(m, n), mult[n], shift[n], ep), name="epilogue")
+    else:
+        mult = te.placeholder((lay.np_,), "float32", name="mult")
+        args.append(mult)
+        out = te.compute((M, N), lambda m, n: _requant_float(total(m, n), mult[n], ep), name="epilogue")
+    func = te.create_prim_func(args + [out])
+    return func.with_attr("global_symbol", name).with_attrs(_decision_attrs(problem, layout))
+
+
+def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
+    return {
+        "lowprec.op": "qgemm",
+        "lowprec.intrin": layout.intrin,
+        "lowprec.intrin_row": layout.intrin_row,
+        "lowprec.shape": [problem.m, problem.n, problem.k],
+        "lowprec.tile": [layout.mr, layout.nr, layout.kblock],
+        "lowprec.a_dtype": problem.a_dtype,
+        "lowprec.epilogue": problem.epilogue.kind,
+    }

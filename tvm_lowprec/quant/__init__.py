@@ -1,0 +1,1 @@
+"""Relax quantization passes and the integer arithmetic they share."""

@@ -1,0 +1,18 @@
+"""Schedule rules: each takes a PrimFunc and a TargetSpec and returns a Schedule, or None to decline."""
+
+from .qgemm import QGemmRule
+from .elementwise import ElementwiseRule
+
+DEFAULT_RULES = (QGemmRule(), ElementwiseRule())
+
+
+def schedule_func(func, spec, rules=DEFAULT_RULES):
+    """The first rule that accepts ``func`` schedules it; ``None`` when none does."""
+    for rule in rules:
+        sch = rule.apply(func, spec)
+        if sch is not None:
+            return sch
+    return None
+
+
+__all__ = ["DEFAULT_RULES", "ElementwiseRule", "QGemmRule", "schedule_func"]

@@ -1,0 +1,49 @@
+"""Fallback rule for the remaining injective PrimFuncs (quantize, dequantize, casts, reshapes).
+
+Fuses the loop nest, parallelises the outer part and vectorises the inner part. Declines functions
+with reductions or more than one block (those need a rule of their own).
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+
+_VECTOR = 16
+_MIN_PARALLEL = 1 << 14  # below this many elements a thread fork costs more than it saves
+
+
+class ElementwiseRule:
+    def apply(self, func, spec):
+        if func.attrs is not None and func.attrs.get("lowprec.op", None) is not None:
+            return None
+        sch = Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
+        if len(blocks) != 1:
+            return None
+        block = blocks[0]
+        if any(iv.iter_type != 0 for iv in sch.get(block).iter_vars):
+            return None  # a reduction: not ours
+        loops = sch.get_loops(block)
+        if not loops:
+            return None
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        extent = sch.get(fused).extent
+        if not hasattr(extent, "value"):
+            return None  # symbolic shape: leave as is
+        total = int(extent.value)
+        if total >= _VECTOR and total % _VECTOR == 0:
+            outer, inner = sch.split(fused, [None, _VECTOR])
+            sch.vectorize(inner)
+            if total >= _MIN_PARALLEL:
+                sch.parallel(outer)
+        elif total >= _MIN_PARALLEL:
+            sch.parallel(fused)
+        return sch
+
+
+def _has_root(sch) -> bool:
+    try:
+        sch.get_sblock("root")
+        return True
+    except Exception:  # noqa: BLE001 - te-made funcs have a root block, TVMScript ones may not
+        return False

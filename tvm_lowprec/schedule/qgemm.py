@@ -1,0 +1,102 @@
+"""Schedule rule for the quantized GEMM built by :func:`tvm_lowprec.kernels.build_qgemm`.
+
+Loop nest (kblock = 0, K whole inside the tile)::
+
+    for panel in parallel(N / (lanes*nr)):          # one contiguous B micro-panel per task
+      for mo in M / mr:                              # row tile
+        acc[mr, panel] = 0
+        for kb in K / kstep:                         # whole K: accumulators stay in registers
+          for mi in unroll(mr): for g in unroll(nr):
+            <intrinsic>(acc[mi, g*lanes:+lanes], A[mi, kb*kstep:+kstep], B[panel, kb, g])
+        epilogue(acc[mr, panel])                    # bias, zero points, requantize: fused
+
+With kblock > 0 a K-block loop sits between panel and row tiles, so the B panel slice stays in L1
+while every row tile passes over it, and the epilogue runs once per panel after the last block.
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+
+
+def _is_qgemm(func) -> bool:
+    return func.attrs is not None and func.attrs.get("lowprec.op", None) == "qgemm"
+
+
+class QGemmRule:
+    """Declines anything that is not a lowprec qgemm PrimFunc."""
+
+    def apply(self, func, spec):
+        if not _is_qgemm(func):
+            return None
+        mr, nr, kblock = (int(x) for x in func.attrs["lowprec.tile"])
+        intrin = str(func.attrs["lowprec.intrin"])
+        sch = Schedule(func)
+        self._prepare_inputs(sch)
+        self._gemm(sch, mr, nr, kblock, intrin, spec.gemm)
+        return sch
+
+    # Step 1. Prepared activations and row sums: parallel over rows, vectorized along K.
+    @staticmethod
+    def _prepare_inputs(sch):
+        for name in ("A_prepared", "rowsum"):
+            try:
+                block = sch.get_sblock(name)
+            except Exception:  # noqa: BLE001 - the block is optional: absent means nothing to prepare
+                continue
+            loops = sch.get_loops(block)
+            sch.parallel(loops[0])
+            if name == "A_prepared":
+                _, vec = sch.split(loops[-1], [None, 16])
+                sch.vectorize(vec)
+
+    # Step 2. Tile, tensorize, fuse the epilogue.
+    @staticmethod
+    def _gemm(sch, mr, nr, kblock, intrin, gi):
+        block = sch.get_sblock("gemm")
+        m, n, k = sch.get_loops(block)
+        mo, mi = sch.split(m, [None, mr])
+        panel, g, lane = sch.split(n, [None, nr, gi.lanes])
+        epi = sch.get_sblock("epilogue")
+        if kblock:
+            ko, kb, ki = sch.split(k, [None, kblock // gi.kstep, gi.kstep])
+            sch.reorder(panel, ko, mo, kb, mi, g, lane, ki)
+            sch.parallel(panel)
+            sch.decompose_reduction(block, ko)
+            _fuse_epilogue(sch, epi, panel)
+        else:
+            kb, ki = sch.split(k, [None, gi.kstep])
+            sch.reorder(panel, mo, kb, mi, g, lane, ki)
+            sch.parallel(panel)
+            sch.decompose_reduction(block, kb)
+            _fuse_epilogue(sch, epi, mo)
+        sch.tensorize(lane, intrin)
+        sch.unroll(mi)
+        sch.unroll(g)
+        _vectorize_inner(sch, sch.get_sblock("gemm_init"), gi.lanes)
+        _vectorize_inner(sch, epi, gi.lanes)
+
+
+def _fuse_epilogue(sch, epi, loop):
+    """Move the epilogue under ``loop`` so it reads the accumulator tile while it is hot.
+
+    With a row-sum term (nonzero weight zero point) the epilogue also reads ``rowsum``, made by a
+    separate pass: it then stays a pass of its own over the whole accumulator (rare: symmetric
+    weights, the common case, have no such term).
+    """
+    try:
+        sch.get_sblock("rowsum")
+    except Exception:  # noqa: BLE001 - no row term: fuse
+        sch.reverse_compute_at(epi, loop)
+        return
+    sch.parallel(sch.get_loops(epi)[0])
+
+
+def _vectorize_inner(sch, block, lanes):
+    """Vectorize the innermost loop of ``block`` by ``lanes`` (split first when it is longer)."""
+    loops = sch.get_loops(block)
+    inner = loops[-1]
+    extent = sch.get(inner).extent
+    if hasattr(extent, "value") and extent.value > lanes and extent.value % lanes == 0:
+        _, inner = sch.split(inner, [None, lanes])
+    sch.vectorize(inner)

@@ -1,0 +1,129 @@
+"""Target registry: names -> frozen :class:`TargetSpec` rows, plus host detection for ``"native"``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Mapping
+
+from .spec import AOperand, GemmIntrin, TargetSpec, Tile
+from .x86 import X86_TARGETS
+
+_REGISTRY: dict[str, TargetSpec] = {}
+
+
+def register_target(spec: TargetSpec) -> TargetSpec:
+    """Add a target row; its name and aliases must be new."""
+    for key in (spec.name, *spec.aliases):
+        if key in _REGISTRY and _REGISTRY[key] is not spec:
+            raise ValueError(f"target name {key!r} is already registered")
+        _REGISTRY[key] = spec
+    return spec
+
+
+for _spec in X86_TARGETS:
+    register_target(_spec)
+
+
+def registered_targets() -> dict[str, TargetSpec]:
+    """Canonical name -> spec, in registration order."""
+    return {s.name: s for s in _REGISTRY.values()}
+
+
+@functools.lru_cache(maxsize=1)
+def host_features() -> frozenset[str]:
+    """CPU features of the machine we run on (Linux ``/proc/cpuinfo`` flags, LLVM names)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    # cpuinfo spells AVX-VNNI "avx_vnni"; LLVM says "avxvnni"
+                    return frozenset({x.replace("avx_vnni", "avxvnni") for x in flags})
+    except OSError:
+        pass
+    import tvm
+
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    return frozenset(str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target))
+
+
+def host_supports(spec: TargetSpec) -> bool:
+    """True when this machine can execute code built for ``spec``."""
+    return set(spec.features) <= host_features()
+
+
+def native_target() -> TargetSpec:
+    """The fastest registered x86 row whose features this machine has (rows are listed best first)."""
+    for spec in registered_targets().values():
+        if host_supports(spec):
+            import tvm
+
+            cpu = tvm.target.codegen.llvm_get_system_cpu()
+            llvm = {"kind": "llvm", "mcpu": cpu}
+            return TargetSpec(
+                name=f"native({spec.name})",
+                llvm=llvm,
+                features=spec.features,
+                gemm=spec.gemm,
+                tiles=spec.tiles,
+                description=f"this host ({cpu}) via {spec.name}",
+            )
+    raise RuntimeError(
+        "no registered target fits this CPU (need at least AVX2); host flags: "
+        + " ".join(sorted(host_features()))
+    )
+
+
+def resolve_target(target) -> TargetSpec:
+    """A registered name, ``"native"``, a :class:`TargetSpec`, a ``tvm.target.Target`` or a dict."""
+    if isinstance(target, TargetSpec):
+        return target
+    if target is None or target == "native":
+        return native_target()
+    if isinstance(target, str):
+        if target in _REGISTRY:
+            return _REGISTRY[target]
+        raise ValueError(
+            f"unknown target {target!r}; registered: {sorted(registered_targets())} or 'native'"
+        )
+    import tvm
+
+    if isinstance(target, Mapping):
+        target = tvm.target.Target(dict(target))
+    if isinstance(target, tvm.target.Target):
+        return _spec_from_tvm_target(target)
+    raise TypeError(f"target must be a name, a dict, a tvm.target.Target or a TargetSpec, not {type(target)}")
+
+
+def _spec_from_tvm_target(target) -> TargetSpec:
+    import tvm
+
+    if target.kind.name != "llvm":
+        raise ValueError(f"target kind {target.kind.name!r} has no registered integer GEMM yet")
+    features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    for spec in registered_targets().values():
+        if set(spec.features) <= features:
+            return TargetSpec(
+                name=f"{spec.name}@{target.attrs.get('mcpu', 'generic')}",
+                llvm=dict(target.export()),
+                features=spec.features,
+                gemm=spec.gemm,
+                tiles=spec.tiles,
+                description=f"user target via {spec.name}",
+            )
+    raise ValueError(f"target {target} has none of the instruction sets tvm-lowprec needs (at least AVX2)")
+
+
+__all__ = [
+    "AOperand",
+    "GemmIntrin",
+    "TargetSpec",
+    "Tile",
+    "host_features",
+    "host_supports",
+    "native_target",
+    "register_target",
+    "registered_targets",
+    "resolve_target",
+]

@@ -1,0 +1,122 @@
+"""Hardware described as data: one frozen row per instruction shape and per target.
+
+A :class:`GemmIntrin` says what one tensor instruction computes (``lanes`` int32 outputs, each the
+dot product of ``kstep`` activation bytes with ``kstep`` weight bytes) and how operands must be laid
+out for it. A :class:`TargetSpec` names an LLVM target, the CPU features it needs, the intrinsic its
+integer GEMM uses and a tile table. Schedules read these rows; they never name a vendor or a CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+_INT_DTYPES = ("uint8", "int8", "int16")
+
+
+@dataclass(frozen=True)
+class AOperand:
+    """How one activation dtype is fed to an intrinsic.
+
+    ``storage``: dtype the kernel reads (``int16`` means a widening pre-pass);
+    ``offset``: constant the intrinsic adds to every activation value before multiplying
+    (128 for s8 on VNNI, whose activation operand is unsigned); ``intrin``: registered name.
+    """
+
+    storage: str
+    offset: int
+    intrin: str
+
+    def __post_init__(self):
+        if self.storage not in _INT_DTYPES:
+            raise ValueError(f"AOperand.storage must be one of {_INT_DTYPES}, got {self.storage!r}")
+
+
+@dataclass(frozen=True)
+class GemmIntrin:
+    """One dot-product instruction shape: ``C[lanes] += sum_k A[k] * B[lanes, k]`` for k < kstep."""
+
+    name: str
+    lanes: int
+    kstep: int
+    vector_bits: int
+    a_operands: Mapping[str, AOperand]
+    saturates: bool = False  # True would make results wrong for some inputs; rows must keep False
+    features: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.lanes * 32 != self.vector_bits:
+            raise ValueError(f"{self.name}: {self.lanes} int32 lanes do not fill {self.vector_bits} bits")
+        if self.kstep not in (2, 4, 8):
+            raise ValueError(f"{self.name}: kstep {self.kstep} is not a supported reduction width")
+        if self.saturates:
+            raise ValueError(f"{self.name}: saturating intrinsics give wrong integer results; not allowed")
+        for dtype in self.a_operands:
+            if dtype not in ("uint8", "int8"):
+                raise ValueError(f"{self.name}: activation dtype {dtype!r} is not 8-bit")
+
+    def operand(self, a_dtype: str) -> AOperand:
+        try:
+            return self.a_operands[a_dtype]
+        except KeyError:
+            raise ValueError(f"intrinsic {self.name} takes activations {sorted(self.a_operands)}, not {a_dtype}") from None
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A register tile for the GEMM, chosen by the number of rows M.
+
+    ``mr`` rows x ``nr`` column groups of ``lanes`` outputs make ``mr * nr`` accumulators;
+    ``kblock`` is the reduction depth kept per pass over a B micro-panel (0: all of K).
+    """
+
+    min_m: int
+    mr: int
+    nr: int
+    kblock: int = 0
+    why: str = ""
+
+    def __post_init__(self):
+        if self.mr < 1 or self.nr < 1 or self.min_m < 1:
+            raise ValueError(f"tile {self}: mr, nr and min_m must be positive")
+        if self.mr * self.nr > 28:
+            raise ValueError(f"tile {self}: {self.mr * self.nr} accumulators would spill the vector registers")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A compilation target: the LLVM target, what the CPU must have, and the GEMM recipe."""
+
+    name: str
+    llvm: Mapping[str, object]
+    features: tuple[str, ...]
+    gemm: GemmIntrin
+    tiles: tuple[Tile, ...]
+    description: str = ""
+    aliases: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        if not self.tiles or self.tiles[0].min_m != 1:
+            raise ValueError(f"{self.name}: the tile table must start with a row for min_m=1")
+        mins = [t.min_m for t in self.tiles]
+        if mins != sorted(mins):
+            raise ValueError(f"{self.name}: tile rows must be sorted by min_m")
+        missing = set(self.gemm.features) - set(self.features)
+        if missing:
+            raise ValueError(f"{self.name}: intrinsic {self.gemm.name} needs {sorted(missing)}")
+
+    def tile_for(self, m: int) -> Tile:
+        """The last row whose ``min_m`` is at most ``m`` (IREE-style: later rows refine)."""
+        chosen = self.tiles[0]
+        for row in self.tiles:
+            if row.min_m <= m:
+                chosen = row
+        return chosen
+
+    def tvm_target(self, num_cores: int | None = None):
+        import tvm
+
+        cfg = dict(self.llvm)
+        if num_cores:
+            cfg["num-cores"] = num_cores
+        return tvm.target.Target(cfg)
