@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from ..targets.spec import AOperand, GemmIntrin
+from ..hwspec import AOperand, GemmIntrin
 
 _SIGN_FLIP = -2139062144  # 0x80808080 as int32: flips the sign bit of each of 4 packed bytes
 

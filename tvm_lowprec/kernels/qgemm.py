@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
-from ..targets.spec import TargetSpec
+from ..hwspec import TargetSpec
 
 _QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "int32": (-(2**31), 2**31 - 1)}
 
@@ -29,9 +29,10 @@ class Epilogue:
     kind: ``"requant"`` (``clamp(round(acc * mult) + zero_point, qmin, qmax)``, fused activation as the
     clamp bounds), ``"int32"`` (the accumulator itself, as MatMulInteger) or ``"float"``
     (``acc * scale + bias``, for a dequantized output).
-    mode: ``"float"`` rounds ``float32(acc) * float32(mult)`` half to even, as ONNX QuantizeLinear and
-    ONNX Runtime do; ``"fixed_point"`` uses an int32 multiplier and a right shift (round half up),
-    which can differ from ``"float"`` by one step where the product lies within about 1e-7 of a tie.
+    mode: ``"float"`` rounds ``float64(acc) * float32(mult)`` half to even, exactly as ONNX's reference
+    QLinearMatMul (ONNX Runtime's MLAS rounds a float32 product instead, so it can differ by one step
+    where the product lies within float32 precision of a tie); ``"fixed_point"`` uses an int32 multiplier
+    and a right shift (round half up), which can differ from ``"float"`` by one step in the same cases.
     """
 
     kind: str = "requant"
@@ -180,7 +181,9 @@ def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, sc
 
 
 def _requant_float(x, mult, ep: Epilogue):
-    y = tirx.round(x.astype("float32") * mult)  # LLVM nearbyint: half to even
+    # int32 -> float64 is exact, and the product rounds once: the same as onnx.reference's
+    # QLinearMatMul (float32 multiplier, float64 product, rint = half to even).
+    y = tirx.round(x.astype("float64") * mult.astype("float64"))  # LLVM nearbyint: half to even
     y = tirx.max(tirx.min(y + float(ep.zero_point), float(ep.qmax)), float(ep.qmin))
     return y.astype("int32").astype(ep.out_dtype)
 

@@ -1,7 +1,7 @@
 """Requantization arithmetic shared by the kernels, the graph rewrite and the numpy references.
 
-``float`` mode: ``clamp(rint(float32(acc) * float32(mult)) + zp)``; ``rint`` rounds half to even, as ONNX
-``QuantizeLinear`` and ONNX Runtime's requantization do. ``fixed_point`` mode: ``mult = m0 * 2**-(31 + shift)``
+``float`` mode: ``clamp(rint(float64(acc) * float32(mult)) + zp)``; ``rint`` rounds half to even, as ONNX
+``QuantizeLinear`` does, and the float64 product is what ``onnx.reference``'s QLinearMatMul computes. ``fixed_point`` mode: ``mult = m0 * 2**-(31 + shift)``
 with ``m0`` in ``[2**30, 2**31)``; ``(acc * m0 + 2**(30 + shift)) >> (31 + shift)`` rounds half up, and
 can differ from ``float`` mode by one step where ``acc * mult`` lies within float32 rounding of a tie.
 """
@@ -41,7 +41,7 @@ def requantize_ref(acc, mult, zero_point, out_dtype, qmin=None, qmax=None, mode=
     hi = hi if qmax is None else min(hi, qmax)
     acc = np.asarray(acc)
     if mode == "float":
-        y = np.rint(acc.astype(np.float32) * np.asarray(mult, np.float32)) + np.float32(zero_point)
+        y = np.rint(acc.astype(np.float64) * np.asarray(mult, np.float32).astype(np.float64)) + zero_point
     else:
         m0, shift = fixed_point_multiplier(np.broadcast_to(mult, acc.shape[-1:]))
         total = shift.astype(np.int64) + 31

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
-from .spec import AOperand, GemmIntrin, TargetSpec, Tile
+from ..hwspec import AOperand, GemmIntrin, TargetSpec, Tile
 from .x86 import X86_TARGETS
 
 _REGISTRY: dict[str, TargetSpec] = {}

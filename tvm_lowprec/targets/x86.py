@@ -1,7 +1,7 @@
 """x86 targets. One row per instruction set; tiles say why their numbers are what they are."""
 
 from ..intrin.x86 import PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_512
-from .spec import TargetSpec, Tile
+from ..hwspec import TargetSpec, Tile
 
 # Tiles for 16-lane (zmm) intrinsics. vpdpbusd zmm issues 2 per cycle with ~4-5 cycle latency:
 # 12+ independent accumulators reach peak, and the u8 operand cannot use a {1to16} memory broadcast,

@@ -1,0 +1,95 @@
+"""tvm-lowprec: quantized ONNX models on low-precision CPU instructions, through Apache TVM.
+
+The user API::
+
+    import tvm_lowprec
+    mod = tvm_lowprec.from_onnx("model_qdq.onnx")           # Relax IRModule, QDQ form
+    c = tvm_lowprec.compile(mod, target="native")          # integer kernels, tensorized
+    y, = c(x)                                              # numpy in, numpy out
+    c.kernels()                                            # which kernel uses which intrinsic
+"""
+
+from __future__ import annotations
+
+from . import intrin  # noqa: F401  (registers the tensor intrinsics)
+from .compiled import Compiled, InputSpec, KernelInfo
+from .errors import InputError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
+from .frontend.onnx import from_onnx
+from .kernels import Epilogue, QGemmProblem
+from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
+
+__version__ = "0.1.0"
+
+_REQUANT_MODES = ("float", "fixed_point")
+
+
+def _input_specs(mod) -> list[InputSpec]:
+    main = mod["main"]
+    names = main.attrs.get("lowprec.input_names", None) if main.attrs is not None else None
+    names = [str(n) for n in names] if names is not None else [p.name_hint for p in main.params]
+    specs = []
+    for name, param in zip(names, main.params):
+        ty = param.ty
+        shape = tuple(int(s) if hasattr(s, "value") else str(s) for s in ty.shape)
+        specs.append(InputSpec(name, shape, str(ty.dtype)))
+    return specs
+
+
+def compile(mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float") -> Compiled:  # noqa: A001
+    """Compile a (quantized) Relax module into integer kernels for ``target``.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        From :func:`from_onnx` (QDQ, QOperator or FP32 ONNX) or any Relax module with a ``main``.
+    target : str, dict, tvm.target.Target or TargetSpec
+        A registered name (``"x86-avx512-vnni"``, ``"x86-avx-vnni"``, ``"x86-avx512"``, ``"x86-avx2"``),
+        ``"native"`` (this host's best row), a TVM target or its dict form.
+    num_threads : int, optional
+        Threads of TVM's runtime pool for this model's calls (default: TVM's choice).
+    requant_mode : {"float", "fixed_point"}
+        Requantization arithmetic; see :class:`tvm_lowprec.Epilogue`.
+
+    Returns
+    -------
+    Compiled
+
+    Examples
+    --------
+    >>> c = tvm_lowprec.compile(tvm_lowprec.from_onnx("qlinear.onnx"), target="x86-avx2")  # doctest: +SKIP
+    >>> [row.intrinsic for row in c.kernels()]                                              # doctest: +SKIP
+    ['lowprec_vpmaddwd_ymm_int16_8x2']
+    """
+    import tvm
+
+    from .pipeline import high_level_passes, lowering_passes
+
+    if requant_mode not in _REQUANT_MODES:
+        raise ValueError(f"requant_mode must be one of {_REQUANT_MODES}, not {requant_mode!r}")
+    spec = resolve_target(target)
+    tvm_target = spec.tvm_target(num_threads or 2)
+    inputs = _input_specs(mod)
+    with tvm_target:
+        lowered = high_level_passes(spec, requant_mode)(mod)
+    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=lowering_passes(tvm_target))
+    return Compiled(executable, lowered, spec, inputs, num_threads=num_threads)
+
+
+__all__ = [
+    "Compiled",
+    "Epilogue",
+    "InputError",
+    "InputSpec",
+    "KernelInfo",
+    "LowPrecError",
+    "QGemmProblem",
+    "QuantizationParameterError",
+    "TargetSpec",
+    "UnsupportedOperatorError",
+    "compile",
+    "from_onnx",
+    "host_supports",
+    "native_target",
+    "registered_targets",
+    "resolve_target",
+]

@@ -1,0 +1,133 @@
+"""The user-facing compiled model: call it with numpy arrays, inspect its kernels and assembly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One generated kernel: its name, the operator it implements, its intrinsic, its shape."""
+
+    name: str
+    op: str
+    intrinsic: str
+    shape: tuple
+
+    def as_row(self) -> dict:
+        return {"name": self.name, "op": self.op, "intrinsic": self.intrinsic, "shape": "x".join(map(str, self.shape))}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple
+    dtype: str
+
+
+def _describe(gvar, func) -> KernelInfo:
+    attrs = func.attrs
+    if attrs is not None and attrs.get("lowprec.op", None) is not None:
+        return KernelInfo(
+            gvar.name_hint,
+            str(attrs["lowprec.op"]),
+            str(attrs["lowprec.intrin"]),
+            tuple(int(x) for x in attrs["lowprec.shape"]),
+        )
+    out = func.buffer_map.get(func.params[-1], None) if func.params and hasattr(func, "buffer_map") else None
+    shape = tuple(int(s) if hasattr(s, "value") else str(s) for s in out.shape) if out is not None else ()
+    return KernelInfo(gvar.name_hint, gvar.name_hint.rstrip("0123456789_"), "none", shape)
+
+
+class Compiled:
+    """A compiled model. ``Compiled(*arrays)``, ``Compiled(name=array)`` or ``Compiled({name: array})``
+    run it and return a list of numpy arrays (inputs are named by their ONNX names).
+
+    Examples
+    --------
+    >>> c = tvm_lowprec.compile(tvm_lowprec.from_onnx("model.onnx"), target="native")  # doctest: +SKIP
+    >>> outputs = c(x)                                                                  # doctest: +SKIP
+    >>> for row in c.kernels(): print(row)                                             # doctest: +SKIP
+    """
+
+    def __init__(self, executable, lowered_mod, spec, inputs: Sequence[InputSpec], num_threads: int | None = None):
+        self.executable = executable
+        self.spec = spec
+        self.inputs = tuple(inputs)
+        self.num_threads = num_threads
+        self._lowered = lowered_mod
+        self._device = tvm.cpu()
+        self._vm = relax.VirtualMachine(executable, self._device)
+
+    # -- running ---------------------------------------------------------------------------------
+    def _set_threads(self):
+        if self.num_threads:
+            tvm.get_global_func("runtime.config_threadpool")(1, int(self.num_threads))
+
+    def _arguments(self, args, kwargs) -> list:
+        if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
+            kwargs, args = dict(args[0]), ()
+        if args and kwargs:
+            raise InputError("pass inputs either by position or by name, not both")
+        if kwargs:
+            unknown = set(kwargs) - {i.name for i in self.inputs}
+            if unknown:
+                raise InputError(f"unknown input(s) {sorted(unknown)}; the model takes {[i.name for i in self.inputs]}")
+            missing = [i.name for i in self.inputs if i.name not in kwargs]
+            if missing:
+                raise InputError(f"missing input(s) {missing}")
+            args = tuple(kwargs[i.name] for i in self.inputs)
+        if len(args) != len(self.inputs):
+            raise InputError(f"the model takes {len(self.inputs)} input(s) {[i.name for i in self.inputs]}, got {len(args)}")
+        return [self._check(spec, np.asarray(a)) for spec, a in zip(self.inputs, args)]
+
+    def _check(self, spec: InputSpec, value: np.ndarray):
+        if str(value.dtype) != spec.dtype:
+            raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype}, got {value.dtype}")
+        if len(value.shape) != len(spec.shape) or any(
+            isinstance(d, int) and d != v for d, v in zip(spec.shape, value.shape)
+        ):
+            raise InputError(f"input {spec.name!r}: expected shape {list(spec.shape)}, got {list(value.shape)}")
+        return tvm.runtime.tensor(np.ascontiguousarray(value), self._device)
+
+    def __call__(self, *args, **kwargs) -> list[np.ndarray]:
+        self._set_threads()
+        out = self._vm["main"](*self._arguments(args, kwargs))
+        return _to_numpy(out)
+
+    def benchmark(self, *args, number: int = 10, repeat: int = 5, **kwargs) -> float:
+        """Median seconds per call, measured by TVM's time evaluator (no Python overhead)."""
+        self._set_threads()
+        tensors = self._arguments(args, kwargs)
+        timer = self._vm.time_evaluator("main", self._device, number=number, repeat=repeat)
+        return float(np.median(timer(*tensors).results))
+
+    # -- inspecting ------------------------------------------------------------------------------
+    def kernels(self) -> list[KernelInfo]:
+        """One row per generated kernel: name, operator, tensor intrinsic (or ``"none"``), shape."""
+        rows = [
+            _describe(gvar, func)
+            for gvar, func in self._lowered.functions.items()
+            if isinstance(func, tvm.tirx.PrimFunc)
+        ]
+        return sorted(rows, key=lambda r: r.name)
+
+    def inspect_source(self, fmt: str = "asm") -> str:
+        """Generated code: ``"asm"`` or ``"ll"``."""
+        return self.executable.mod.inspect_source(fmt)
+
+    def __repr__(self):
+        return f"Compiled(target={self.spec.name}, inputs={[i.name for i in self.inputs]}, kernels={len(self.kernels())})"
+
+
+def _to_numpy(out) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [x for item in out for x in _to_numpy(item)]

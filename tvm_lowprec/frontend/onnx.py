@@ -1,0 +1,98 @@
+"""ONNX model -> Relax IRModule (QDQ form), with initializers bound as constants.
+
+Steps: load and check operators (an unsupported one is reported with its node before any work),
+rewrite QOperator nodes to QDQ (:mod:`.qoperator`), import with TVM's Relax importer, record the
+ONNX input names on ``main`` (TVM sanitizes names; :class:`tvm_lowprec.Compiled` maps them back).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import onnx
+
+from ..errors import UnsupportedOperatorError
+from .qoperator import QOPERATOR_REWRITES, rewrite_qoperators
+
+# Blocked quantization (block_size attribute) and other unsupported QOperator ops are reported here
+# rather than deep inside the importer.
+KNOWN_UNSUPPORTED = {
+    "QLinearConv": "quantized convolutions are not supported yet",
+    "ConvInteger": "quantized convolutions are not supported yet",
+    "QGemm": "com.microsoft QGemm is not supported; export QDQ (quantize_static with QuantFormat.QDQ)",
+}
+
+
+def _load(model_or_path) -> onnx.ModelProto:
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    if isinstance(model_or_path, (str, os.PathLike)):
+        if not os.path.exists(model_or_path):
+            raise FileNotFoundError(f"ONNX model not found: {model_or_path}")
+        return onnx.load(os.fspath(model_or_path))
+    raise TypeError(f"from_onnx takes an onnx.ModelProto or a path, not {type(model_or_path).__name__}")
+
+
+def supported_operators() -> set[str]:
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    return (set(_get_convert_map()) | set(QOPERATOR_REWRITES)) - set(KNOWN_UNSUPPORTED)
+
+
+def check_operators(model: onnx.ModelProto) -> None:
+    """Raise :class:`UnsupportedOperatorError` naming every unsupported operator and its nodes."""
+    supported = supported_operators()
+    bad = defaultdict(list)
+    for i, node in enumerate(model.graph.node):
+        domain_ok = node.domain in ("", "ai.onnx")
+        if not domain_ok or node.op_type not in supported:
+            bad[(node.domain, node.op_type)].append(node.name or f"#{i} -> {', '.join(node.output)}")
+        for attr in node.attribute:
+            if attr.name == "block_size" and attr.i:
+                bad[(node.domain, f"{node.op_type}(block_size={attr.i})")].append(node.name or f"#{i}")
+    if bad:
+        lines = []
+        for (domain, op), nodes in bad.items():
+            why = KNOWN_UNSUPPORTED.get(op, "no converter")
+            qual = f"{domain}::{op}" if domain not in ("", "ai.onnx") else op
+            lines.append(f"  {qual} ({why}) at node(s): {', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''}")
+        raise UnsupportedOperatorError("unsupported ONNX operator(s):\n" + "\n".join(lines))
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {t.name for t in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in inits]
+
+
+def from_onnx(model_or_path, shape_dict: dict | None = None):
+    """Import an ONNX model (FP32, QDQ or QOperator form) as a Relax ``IRModule``.
+
+    Parameters
+    ----------
+    model_or_path : onnx.ModelProto or str
+        The model or its file.
+    shape_dict : dict, optional
+        ``{input_name: shape}`` fixing dynamic dimensions.
+
+    Returns
+    -------
+    tvm.IRModule
+        ``main`` takes the graph inputs in order; initializers are bound as constants. The
+        attribute ``lowprec.input_names`` keeps the ONNX input names.
+
+    Examples
+    --------
+    >>> mod = tvm_lowprec.from_onnx("model_qdq.onnx")          # doctest: +SKIP
+    >>> compiled = tvm_lowprec.compile(mod, target="native")   # doctest: +SKIP
+    """
+    from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
+
+    model = _load(model_or_path)
+    check_operators(model)
+    model = rewrite_qoperators(model)
+    names = [vi.name for vi in _graph_inputs(model)]
+    mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+    main = mod["main"].with_attr("lowprec.input_names", names)
+    mod.update_func(mod.get_global_var("main"), main)
+    return mod

@@ -1,0 +1,57 @@
+"""The compilation pipeline, assembled in one place from phases.
+
+1. quantize-to-integer: :func:`~tvm_lowprec.quant.qdq_to_integer.qdq_to_integer` (target-aware)
+2. legalize and fuse: TVM's LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR
+3. schedule: every PrimFunc goes through the schedule rules (:mod:`tvm_lowprec.schedule`)
+4. lower: TVM's CPU dataflow-lowering and finalize passes (memory planning, VM lowering)
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+from .quant.qdq_to_integer import qdq_to_integer
+from .schedule import schedule_func
+
+
+def schedule_module(spec):
+    """Apply the first accepting schedule rule to every unscheduled PrimFunc."""
+
+    @tvm.ir.transform.module_pass(opt_level=0, name="lowprec.ScheduleFuncs")
+    def _pass(mod, _ctx):
+        updates = {}
+        for gvar, func in mod.functions.items():
+            if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs.get("tir.is_scheduled", False):
+                continue
+            sch = schedule_func(func, spec)
+            if sch is not None:
+                updates[gvar] = sch.mod["main"].with_attr("tir.is_scheduled", True)
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+    return _pass
+
+
+def high_level_passes(spec, requant_mode: str = "float"):
+    """Phases 1-3: the module after them is what :meth:`Compiled.kernels` reports on."""
+    return tvm.transform.Sequential(
+        [
+            qdq_to_integer(spec, requant_mode),
+            relax.transform.DeadCodeElimination(),
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            relax.transform.DeadCodeElimination(),
+            schedule_module(spec),
+        ]
+    )
+
+
+def lowering_passes(target):
+    """Phase 4 (TVM's own CPU lowering)."""
+    return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))

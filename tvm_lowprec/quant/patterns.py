@@ -1,0 +1,143 @@
+"""Read-only matchers over Relax dataflow: is this expression a dequantize of a constant, a matmul ...
+
+Each matcher takes an expression and a ``lookup(var) -> bound expr`` and returns a small frozen record
+or ``None``. The rewrite passes combine them; nothing here edits IR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import QuantizationParameterError
+
+_OPS = {}
+
+
+def op(name: str):
+    if name not in _OPS:
+        _OPS[name] = tvm.ir.Op.get(name)
+    return _OPS[name]
+
+
+def call_of(expr, name: str, lookup):
+    """The call producing ``expr`` if it is a call to ``relax.<name>``, else None (follows one var)."""
+    if isinstance(expr, relax.Var):
+        expr = lookup(expr)
+    if isinstance(expr, relax.Call) and expr.op.same_as(op("relax." + name)):
+        return expr
+    return None
+
+
+def constant(expr, lookup=None) -> np.ndarray | None:
+    if lookup is not None and isinstance(expr, relax.Var):
+        bound = lookup(expr)
+        if bound is not None:
+            expr = bound
+    if isinstance(expr, tvm.ir.expr.Constant):
+        return expr.value.numpy()
+    return None
+
+
+def static_shape(expr) -> tuple[int, ...] | None:
+    ty = expr.ty
+    shape = getattr(ty, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def dtype_of(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+@dataclass(frozen=True)
+class QParams:
+    scale: np.ndarray  # float32, scalar () or per-axis [C]
+    zero_point: np.ndarray  # int, same shape
+    axis: int
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.scale.size == 1
+
+
+def qparams(call, lookup, what: str) -> QParams | None:
+    """Constant scale/zero point of a quantize/dequantize call; bad values raise with ``what`` named."""
+    scale = constant(call.args[1], lookup)
+    zp = constant(call.args[2], lookup)
+    if scale is None or zp is None:
+        return None
+    scale = np.asarray(scale, np.float32)
+    if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+        raise QuantizationParameterError(
+            f"{what}: scale must be finite and positive, got {scale.ravel()[:8].tolist()}"
+        )
+    if scale.size == 1:
+        scale = scale.reshape(())
+    if zp.size == 1:
+        zp = zp.reshape(())
+    return QParams(scale, np.asarray(zp), int(call.attrs.axis))
+
+
+@dataclass(frozen=True)
+class DequantizedInput:
+    """``dequantize(x)`` of a runtime tensor with per-tensor parameters."""
+
+    data: relax.Expr
+    params: QParams
+
+
+def dequantized_activation(expr, lookup) -> DequantizedInput | None:
+    dq = call_of(expr, "dequantize", lookup)
+    if dq is None or dtype_of(dq.args[0]) not in ("uint8", "int8"):
+        return None
+    p = qparams(dq, lookup, "activation dequantize")
+    if p is None or not p.per_tensor:
+        return None
+    return DequantizedInput(dq.args[0], p)
+
+
+@dataclass(frozen=True)
+class ConstWeight:
+    """A constant weight as ``[K, N]`` integers with scales and zero points per column (or scalar)."""
+
+    values: np.ndarray  # [K, N] int8 or uint8
+    scale: np.ndarray  # () or [N]
+    zero_point: np.ndarray  # () or [N]
+
+
+def _per_column(p: QParams, values_shape, col_axis: int) -> bool:
+    return p.per_tensor or (p.axis % len(values_shape) == col_axis and p.scale.shape == (values_shape[col_axis],))
+
+
+def dequantized_weight(expr, lookup) -> ConstWeight | None:
+    """``dequantize(W)`` or ``permute_dims(dequantize(W))`` with W a 2-D integer constant."""
+    transposed = False
+    perm = call_of(expr, "permute_dims", lookup)
+    if perm is not None:
+        axes = perm.attrs.axes
+        if axes is not None and [int(a) for a in axes] != [1, 0]:
+            return None
+        transposed, expr = True, perm.args[0]
+    dq = call_of(expr, "dequantize", lookup)
+    if dq is None:
+        return None
+    w = constant(dq.args[0], lookup)
+    if w is None or w.ndim != 2 or w.dtype not in (np.int8, np.uint8):
+        return None
+    p = qparams(dq, lookup, "weight dequantize")
+    if p is None:
+        return None
+    col_axis = 0 if transposed else 1
+    if not _per_column(p, w.shape, col_axis):
+        return None  # a per-row (K-axis) weight scale cannot be applied after the dot product
+    if transposed:
+        w = np.ascontiguousarray(w.T)
+    return ConstWeight(w, p.scale, p.zero_point)
