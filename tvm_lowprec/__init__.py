@@ -62,7 +62,7 @@ def compile(mod, target="native", *, num_threads: int | None = None, requant_mod
     """
     import tvm
 
-    from .pipeline import high_level_passes, lowering_passes
+    from .pipeline import high_level, lowering_passes
 
     if requant_mode not in _REQUANT_MODES:
         raise ValueError(f"requant_mode must be one of {_REQUANT_MODES}, not {requant_mode!r}")
@@ -70,7 +70,7 @@ def compile(mod, target="native", *, num_threads: int | None = None, requant_mod
     tvm_target = spec.tvm_target(num_threads or 2)
     inputs = _input_specs(mod)
     with tvm_target:
-        lowered = high_level_passes(spec, requant_mode)(mod)
+        lowered = high_level(mod, spec, requant_mode)
     executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=lowering_passes(tvm_target))
     return Compiled(executable, lowered, spec, inputs, num_threads=num_threads)
 

@@ -95,7 +95,7 @@ class Compiled:
             isinstance(d, int) and d != v for d, v in zip(spec.shape, value.shape)
         ):
             raise InputError(f"input {spec.name!r}: expected shape {list(spec.shape)}, got {list(value.shape)}")
-        return tvm.runtime.tensor(np.ascontiguousarray(value), self._device)
+        return tvm.runtime.tensor(np.require(value, requirements="C"), self._device)  # keeps 0-d arrays 0-d
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
         self._set_threads()
@@ -121,7 +121,15 @@ class Compiled:
 
     def inspect_source(self, fmt: str = "asm") -> str:
         """Generated code: ``"asm"`` or ``"ll"``."""
-        return self.executable.mod.inspect_source(fmt)
+        parts, stack = [], [self.executable.mod]
+        while stack:  # the VM module imports the compiled kernels' module
+            module = stack.pop()
+            try:
+                parts.append(module.inspect_source(fmt))
+            except Exception:  # noqa: BLE001 - modules without source of this format (the VM's own)
+                pass
+            stack.extend(module.imports)
+        return "\n".join(p for p in parts if p)
 
     def __repr__(self):
         return f"Compiled(target={self.spec.name}, inputs={[i.name for i in self.inputs]}, kernels={len(self.kernels())})"

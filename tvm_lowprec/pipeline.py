@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-from .quant.qdq_to_integer import qdq_to_integer
+from .quant.qdq_to_integer import rewrite_module
 from .schedule import schedule_func
 
 
@@ -35,11 +35,18 @@ def schedule_module(spec):
     return _pass
 
 
-def high_level_passes(spec, requant_mode: str = "float"):
-    """Phases 1-3: the module after them is what :meth:`Compiled.kernels` reports on."""
+def high_level(mod, spec, requant_mode: str = "float"):
+    """Phases 1-3 (call inside the target's scope): what :meth:`Compiled.kernels` reports on.
+
+    Phase 1 runs as plain Python so that its errors (a zero scale, say) reach the caller unwrapped.
+    """
+    mod = rewrite_module(mod, spec, requant_mode)
+    return _legalize_and_schedule(spec)(mod)
+
+
+def _legalize_and_schedule(spec):
     return tvm.transform.Sequential(
         [
-            qdq_to_integer(spec, requant_mode),
             relax.transform.DeadCodeElimination(),
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),

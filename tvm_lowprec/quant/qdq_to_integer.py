@@ -16,6 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..errors import LowPrecError
 from ..kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, pack_weights
 from ..targets import TargetSpec
 from .patterns import (
@@ -156,16 +157,28 @@ def _requant_epilogue(out: QParams, out_dtype: str, lo: float, hi: float, mode: 
     )
 
 
+def _peeled_constant(expr, lookup):
+    """A constant seen through astype / expand_dims / reshape (how importers shape zero points)."""
+    for _ in range(4):
+        value = constant(expr, lookup)
+        if value is not None:
+            return value
+        for name in ("astype", "expand_dims", "reshape"):
+            call = call_of(expr, name, lookup)
+            if call is not None:
+                expr = call.args[0]
+                break
+        else:
+            return None
+    return None
+
+
 def _widened(expr, lookup):
-    """``astype(x, int32) [- astype(zp, int32)]`` -> (x, zero point array) or None."""
+    """``astype(x, int32) [- zero point]`` -> (x, zero point array) or None."""
     zp = np.zeros((), np.int64)
     sub = call_of(expr, "subtract", lookup)
     if sub is not None:
-        zp_expr = sub.args[1]
-        cast = call_of(zp_expr, "astype", lookup)
-        expand = call_of(cast.args[0] if cast is not None else zp_expr, "expand_dims", lookup)
-        base = expand.args[0] if expand is not None else (cast.args[0] if cast is not None else zp_expr)
-        zp = constant(base, lookup)
+        zp = _peeled_constant(sub.args[1], lookup)
         if zp is None:
             return None
         expr = sub.args[0]
@@ -192,7 +205,45 @@ def match_matmul_integer(call, lookup, mode: str) -> QGemmMatch | None:
     return QGemmMatch(a[0], int(a[1].reshape(())), np.ones(n, np.float32), weight, None, Epilogue("int32"), None)
 
 
-MATCHERS = (match_requantized_matmul, match_matmul_integer)
+@dataclass(frozen=True)
+class RuntimeQMatmul:
+    """``quantize(matmul(dequantize(x), dequantize(w)))`` with runtime operands or parameters.
+
+    Emitted as an exact int32 matmul of zero-point-shifted operands and a float64 requantization:
+    the same numbers as the constant-weight kernel, on TVM's generic (untensorized) matmul.
+    """
+
+    x: relax.Expr
+    w: relax.Expr
+    x_q: relax.Call  # the dequantize calls and the quantize call, for their parameters
+    w_q: relax.Call
+    out_q: relax.Call
+
+
+def match_runtime_qmatmul(call, lookup, mode: str):
+    if not call.op.same_as(tvm.ir.Op.get("relax.quantize")) or str(call.attrs.out_dtype) not in ("uint8", "int8"):
+        return None
+    mm = call_of(call.args[0], "matmul", lookup)
+    if mm is None:
+        return None
+    dx, dw = call_of(mm.args[0], "dequantize", lookup), call_of(mm.args[1], "dequantize", lookup)
+    if dx is None or dw is None:
+        return None
+    if any(dtype_of(d.args[0]) not in ("uint8", "int8") for d in (dx, dw)):
+        return None
+    if not all(_scalar_like(e) for e in (dx.args[1], dx.args[2], call.args[1], call.args[2])):
+        return None  # per-axis activation or output parameters: not a matmul requantization
+    if not (_scalar_like(dw.args[1]) and _scalar_like(dw.args[2])):
+        return None
+    return RuntimeQMatmul(dx.args[0], dw.args[0], dx, dw, call)
+
+
+def _scalar_like(expr) -> bool:
+    shape = static_shape(expr)
+    return shape is not None and int(np.prod(shape)) == 1
+
+
+MATCHERS = (match_requantized_matmul, match_matmul_integer, match_runtime_qmatmul)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +273,32 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
     return y
 
 
+def _as_scalar(builder, expr, dtype):
+    return builder.emit(relax.op.astype(relax.op.reshape(expr, ()), dtype))
+
+
+def emit_runtime_qmatmul(builder, match: RuntimeQMatmul, spec: TargetSpec):
+    def shifted(data, zp):
+        return builder.emit(relax.op.subtract(relax.op.astype(data, "int32"), _as_scalar(builder, zp, "int32")))
+
+    acc = builder.emit(
+        relax.op.matmul(shifted(match.x, match.x_q.args[2]), shifted(match.w, match.w_q.args[2]), out_dtype="int32")
+    )
+    sx, sw, sy = (relax.op.reshape(q.args[1], ()) for q in (match.x_q, match.w_q, match.out_q))
+    # the multiplier in the scales' own dtype (as onnx.reference computes it), the product in float64
+    mult = builder.emit(relax.op.astype(relax.op.divide(relax.op.multiply(sx, sw), sy), "float64"))
+    zy = _as_scalar(builder, match.out_q.args[2], "float64")
+    y = relax.op.add(relax.op.round(relax.op.multiply(relax.op.astype(acc, "float64"), mult)), zy)
+    out_dtype = str(match.out_q.attrs.out_dtype)
+    lo, hi = qrange(out_dtype)
+    return builder.emit(relax.op.astype(relax.op.clip(y, lo, hi), out_dtype))
+
+
+def emit(builder, match, spec: TargetSpec):
+    emitter = emit_runtime_qmatmul if isinstance(match, RuntimeQMatmul) else emit_qgemm
+    return emitter(builder, match, spec)
+
+
 # ---------------------------------------------------------------------------------------------
 # Step 3. The pass
 
@@ -231,29 +308,46 @@ class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod, spec: TargetSpec, mode: str):
         super().__init__(mod)
         self.spec, self.mode, self.rewritten = spec, mode, 0
+        self.error = None  # raised by rewrite_module: the C++ visitor would turn it into RuntimeError
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
+        if self.error is not None:
+            return call
+        try:
+            return self._rewrite(call)
+        except LowPrecError as err:
+            self.error = err
+            return call
+
+    def _rewrite(self, call):
         for matcher in MATCHERS:
             match = matcher(call, self.lookup_binding, self.mode)
             if match is None:
                 continue
-            new = emit_qgemm(self.builder_, match, self.spec)
+            new = emit(self.builder_, match, self.spec)
             if new is not None:
                 self.rewritten += 1
                 return new
         return call
 
 
+def rewrite_module(mod, spec: TargetSpec, requant_mode: str = "float"):
+    """Apply the rewrite to every Relax function of ``mod`` (plain Python: errors keep their type)."""
+    rewriter = _Rewriter(mod, spec, requant_mode)
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+            if rewriter.error is not None:
+                raise rewriter.error
+    return rewriter.builder_.get()
+
+
 def qdq_to_integer(spec: TargetSpec, requant_mode: str = "float"):
-    """The pass. ``requant_mode``: ``"float"`` (ONNX rounding, default) or ``"fixed_point"``."""
+    """The rewrite as a TVM pass. ``requant_mode``: ``"float"`` (ONNX rounding, default) or ``"fixed_point"``."""
 
     @tvm.ir.transform.module_pass(opt_level=0, name="lowprec.QDQToInteger")
     def _pass(mod, _ctx):
-        rewriter = _Rewriter(mod, spec, requant_mode)
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_module(mod, spec, requant_mode)
 
     return _pass

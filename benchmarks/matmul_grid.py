@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Quantized GEMM grid: tvm-lowprec against ONNX Runtime, PyTorch and NumPy, 1 and 2 threads.
+
+Examples
+--------
+python benchmarks/matmul_grid.py --quick
+python benchmarks/matmul_grid.py --providers tvm-lowprec,ort-qlinearmatmul --threads 1 --shapes 1x768x3072
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+try:
+    import tvm_lowprec.bench as bench
+except ImportError:  # run from a checkout without installing the package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import tvm_lowprec.bench as bench
+
+SQUARE = [(s, s, s) for s in (256, 512, 1024, 2048)]
+TRANSFORMER = [(m, n, k) for m in (1, 16, 128, 512) for n, k in ((3072, 768), (768, 3072), (4096, 4096))]
+DEFAULT_SHAPES = SQUARE + TRANSFORMER
+QUICK_SHAPES = [(256, 256, 256), (1, 3072, 768), (128, 768, 3072)]
+DEFAULT_PROVIDERS = ["tvm-lowprec", "ort-qlinearmatmul", "ort-matmulinteger", "torch-qlinear", "torch-int-mm",
+                     "numpy-fp32"]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"1x768x3072,256x256x256"`` -> ``[(1, 768, 3072), (256, 256, 256)]`` (M x N x K)."""
+    shapes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        dims = item.lower().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"bad shape {item!r}; expected MxNxK with positive integers")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
+
+
+def parse_providers(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in bench.PROVIDERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown provider(s) {unknown}; known: {', '.join(bench.PROVIDERS)}")
+    return names
+
+
+def parse_threads(text: str) -> list[int]:
+    try:
+        threads = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"bad thread list {text!r}: {err}") from None
+    if not threads or min(threads) < 1:
+        raise argparse.ArgumentTypeError(f"thread counts must be >= 1: {text!r}")
+    return threads
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 shapes and shorter timing")
+    parser.add_argument("--providers", type=parse_providers, default=DEFAULT_PROVIDERS,
+                        help=f"comma-separated, in column order (default: {','.join(DEFAULT_PROVIDERS)})")
+    parser.add_argument("--threads", type=parse_threads, default=[1, 2], help="comma-separated (default: 1,2)")
+    parser.add_argument("--shapes", type=parse_shapes, default=None,
+                        help="comma-separated MxNxK list (default: the full grid, or the quick subset)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/matmul"), help="output folder")
+    parser.add_argument("--peak-gops", type=float, default=None,
+                        help="peak GOPS of one thread; adds a %% of peak column")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the input data")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
+    grid = bench.Benchmark(name="Quantized GEMM (uint8 x int8)" + (" — quick" if args.quick else ""),
+                           shapes=tuple(shapes), providers=tuple(args.providers), threads=tuple(args.threads))
+    timing = bench.QUICK_TIMING if args.quick else bench.DEFAULT_TIMING
+    bench.run_benchmark(grid, args.out, peak_gops=args.peak_gops, timing=timing, seed=args.seed)
+    print((args.out / "report.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="tvm-lowprec",
+    version="0.1.0",
+    description="Quantized ONNX models on low-precision CPU instructions (VNNI, AVX2) through Apache TVM",
+    packages=find_packages(include=["tvm_lowprec", "tvm_lowprec.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # pinned together: with apache-tvm-ffi 0.1.15.x every Schedule.tensorize segfaults
+        "apache-tvm==0.27.0.post1",
+        "apache-tvm-ffi==0.1.14.post1",
+        "numpy",
+        "onnx>=1.16",
+        "xgboost",
+    ],
+    extras_require={
+        "test": ["pytest", "onnxruntime>=1.18"],
+        "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl"],
+    },
+    # schedules/ is data (tuning records), shipped beside the package
+    data_files=[("share/tvm-lowprec/schedules", ["schedules/README.md"])],
+    entry_points={"console_scripts": ["tvm-lowprec=tvm_lowprec.cli:main"]},
+)

@@ -1,0 +1,107 @@
+"""The public API: calling conventions, the kernel report, and errors that name the problem."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tvm_lowprec
+from tvm_lowprec import InputError, QuantizationParameterError, UnsupportedOperatorError
+
+from models import qlinear_matmul
+
+
+def _renamed(model, new):
+    """The same model with its input renamed (ONNX names need not be identifiers)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    old = m.graph.input[0].name
+    m.graph.input[0].name = new
+    for node in m.graph.node:
+        node.input[:] = [new if x == old else x for x in node.input]
+    return m
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return tvm_lowprec.compile(tvm_lowprec.from_onnx(_renamed(qlinear_matmul(4, 32, 16), "input:0")), target="native")
+
+
+def test_three_calling_conventions_agree(compiled, rng):
+    a = rng.integers(0, 256, (4, 32)).astype(np.uint8)
+    by_position = compiled(a)[0]
+    np.testing.assert_array_equal(by_position, compiled(**{"input:0": a})[0])
+    np.testing.assert_array_equal(by_position, compiled({"input:0": a})[0])
+    assert isinstance(compiled(a), list)
+
+
+def test_wrong_dtype_names_the_input(compiled):
+    with pytest.raises(InputError, match=r"'input:0'.*dtype uint8.*float32"):
+        compiled(np.zeros((4, 32), np.float32))
+
+
+def test_wrong_shape_names_the_input(compiled):
+    with pytest.raises(InputError, match=r"'input:0'.*\[4, 32\].*\[4, 33\]"):
+        compiled(np.zeros((4, 33), np.uint8))
+
+
+def test_unknown_and_missing_names(compiled):
+    with pytest.raises(InputError, match="unknown input"):
+        compiled(x=np.zeros((4, 32), np.uint8))
+    with pytest.raises(InputError, match="takes 1 input"):
+        compiled()
+
+
+def test_kernel_report_names_the_intrinsic(compiled):
+    rows = compiled.kernels()
+    gemm = [r for r in rows if r.op == "qgemm"]
+    assert len(gemm) == 1
+    assert gemm[0].shape == (4, 16, 32)
+    assert gemm[0].intrinsic == compiled.spec.gemm.operand("uint8").intrin
+    assert set(gemm[0].as_row()) == {"name", "op", "intrinsic", "shape"}
+    mnemonic = compiled.spec.gemm.name.split("_")[0]
+    assert mnemonic in compiled.inspect_source("asm")
+
+
+@pytest.mark.parametrize("target", ["x86-avx512-vnni", "x86-avx-vnni"])
+def test_vnni_targets_emit_vpdpbusd_for_a_whole_model(target):
+    """Code generation only: runs on hosts without VNNI too."""
+    c = tvm_lowprec.compile(tvm_lowprec.from_onnx(qlinear_matmul(16, 64, 32)), target=target)
+    asm = c.inspect_source("asm")
+    register = "zmm" if target == "x86-avx512-vnni" else "ymm"
+    assert any("vpdpbusd" in line and register in line for line in asm.splitlines())
+    assert [r.intrinsic for r in c.kernels() if r.op == "qgemm"] == [c.spec.gemm.operand("uint8").intrin]
+
+
+def test_unsupported_operator_is_named_with_its_node():
+    x = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.UINT8, None)
+    node = helper.make_node("QLinearConv", ["x", "s", "z", "w", "s", "z", "s", "z"], ["y"], name="conv_7")
+    node2 = helper.make_node("FancyOp", ["y"], ["z"], name="fancy", domain="com.example")
+    graph = helper.make_graph([node, node2], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedOperatorError) as err:
+        tvm_lowprec.from_onnx(model)
+    assert "QLinearConv" in str(err.value) and "conv_7" in str(err.value)
+    assert "com.example::FancyOp" in str(err.value) and "fancy" in str(err.value)
+
+
+def test_zero_scale_is_reported():
+    model = qlinear_matmul(4, 32, 16)
+    for init in model.graph.initializer:
+        if init.name == "sb":
+            init.CopyFrom(numpy_helper.from_array(np.float32(0.0), "sb"))
+    with pytest.raises(QuantizationParameterError, match="scale must be finite and positive"):
+        tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+
+
+def test_missing_file_and_wrong_type():
+    with pytest.raises(FileNotFoundError, match="nope.onnx"):
+        tvm_lowprec.from_onnx("nope.onnx")
+    with pytest.raises(TypeError, match="ModelProto or a path"):
+        tvm_lowprec.from_onnx(42)
+
+
+def test_bad_requant_mode():
+    with pytest.raises(ValueError, match="requant_mode"):
+        tvm_lowprec.compile(tvm_lowprec.from_onnx(qlinear_matmul(4, 32, 16)), requant_mode="banker")

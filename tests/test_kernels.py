@@ -1,0 +1,129 @@
+"""The integer GEMM kernel on every registered target row.
+
+Every case checks the emitted instruction in the assembly (runs everywhere: code generation only);
+where this host has the row's instruction set, the results must equal a numpy int64 reference exactly.
+"""
+
+import numpy as np
+import pytest
+import tvm
+
+from tvm_lowprec.kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, pack_weights
+from tvm_lowprec.quant.requant import requantize_ref
+from tvm_lowprec.quant.zero_points import gemm_corrections
+from tvm_lowprec.schedule import schedule_func
+
+from conftest import TARGETS, runnable
+
+# (M, N, K): GEMV, odd sizes on every axis, a tile-aligned block, a K-blocked shape
+SHAPES = [(1, 64, 64), (1, 37, 19), (3, 17, 5), (7, 33, 19), (16, 48, 64), (64, 96, 128), (260, 64, 1024)]
+# (activation dtype, weight dtype, activation zero point, weight zero point)
+OPERANDS = [
+    ("uint8", "int8", 0, 0),
+    ("uint8", "int8", 131, 0),
+    ("int8", "int8", -5, 0),
+    ("uint8", "uint8", 7, 128),  # u8 weights: shifted to s8 at pack time
+    ("int8", "int8", 3, "per-channel"),  # nonzero per-channel weight zero points: row-sum term
+]
+EPILOGUES = {
+    "requant-u8": Epilogue("requant", "uint8", zero_point=9),
+    "requant-s8-relu": Epilogue("requant", "int8", zero_point=-3, qmin=-3),
+    "requant-fixed": Epilogue("requant", "uint8", zero_point=100, mode="fixed_point"),
+    "int32": Epilogue("int32"),
+}
+
+
+def _operands(rng, m, n, k, a_dtype, b_dtype):
+    info_a, info_b = np.iinfo(a_dtype), np.iinfo(b_dtype)
+    a = rng.integers(info_a.min, info_a.max + 1, (m, k)).astype(a_dtype)
+    b = rng.integers(info_b.min, info_b.max + 1, (k, n)).astype(b_dtype)
+    # extremes included: the saturating pmaddubsw would fail on these
+    a[0, : min(k, 4)] = info_a.max
+    b[: min(k, 4), 0] = info_b.max if b_dtype == "int8" else info_b.max
+    return a, b
+
+
+def _build(spec, problem):
+    layout = GemmLayout.choose(problem, spec)
+    sch = schedule_func(build_qgemm(problem, layout), spec)
+    assert sch is not None
+    ex = tvm.compile(sch.mod, target=spec.tvm_target(2))
+    return layout, ex
+
+
+def _check_instruction(spec, ex):
+    asm = ex.mod.inspect_source("asm")
+    mnemonic = spec.gemm.name.split("_")[0]
+    assert mnemonic in asm, f"{spec.name}: {mnemonic} not emitted"
+    assert "vpmaddubsw" not in asm, "saturating vpmaddubsw emitted"
+
+
+def _reference(a, b, za, zb, bias, mult, ep):
+    acc = (a.astype(np.int64) - za) @ (b.astype(np.int64) - np.asarray(zb, np.int64)) + bias
+    if ep.kind == "int32":
+        return acc.astype(np.int32)
+    return requantize_ref(acc, mult, ep.zero_point, ep.out_dtype, ep.qmin, ep.qmax, mode=ep.mode)
+
+
+def run_case(spec, rng, shape, operands, ep, execute=True):
+    m, n, k = shape
+    a_dtype, b_dtype, za, zb = operands
+    a, b = _operands(rng, m, n, k, a_dtype, b_dtype)
+    zb = rng.integers(-4, 5, n) if zb == "per-channel" else zb
+    bias = rng.integers(-5000, 5000, n).astype(np.int32)
+    mult = (rng.random(n) * 2e-4 + 1e-5).astype(np.float32)
+    b_off = 128 if b_dtype == "uint8" else 0
+    problem = QGemmProblem(m, n, k, a_dtype, ep, row_term=bool(np.any(np.asarray(zb) - b_off)))
+    layout, ex = _build(spec, problem)
+    _check_instruction(spec, ex)
+    if not (execute and runnable(spec)):
+        return None
+    corr = gemm_corrections(b, za, zb, layout.a_offset, bias)
+    params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, mult)
+    dev = tvm.cpu()
+    out = np.zeros((m, n), ep.out_dtype)
+    args = [tvm.runtime.tensor(x, dev) for x in [a, pack_weights(corr.b_signed, layout), *params, out]]
+    ex.jit()["qgemm"](*args)
+    got, want = args[-1].numpy(), _reference(a, b, za, zb, bias, mult, ep)
+    np.testing.assert_array_equal(got, want)
+    return got
+
+
+@pytest.mark.parametrize("spec", TARGETS, ids=lambda s: s.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_shapes(spec, shape, rng):
+    run_case(spec, rng, shape, OPERANDS[1], EPILOGUES["requant-u8"])
+
+
+@pytest.mark.parametrize("spec", TARGETS, ids=lambda s: s.name)
+@pytest.mark.parametrize("operands", OPERANDS, ids=lambda o: f"{o[0]}x{o[1]}-za{o[2]}-zb{o[3]}")
+@pytest.mark.parametrize("ep", list(EPILOGUES), ids=str)
+def test_operands_and_epilogues(spec, operands, ep, rng):
+    run_case(spec, rng, (7, 40, 36), operands, EPILOGUES[ep])
+
+
+def test_emulation_rows_are_exact_where_pmaddubsw_saturates(rng):
+    """All-max operands: 255*127*2 overflows int16 pair sums; our AVX2 row must still be exact."""
+    spec = next(t for t in TARGETS if t.name == "x86-avx2")
+    if not runnable(spec):
+        pytest.skip("no AVX2")
+    m, n, k = 4, 16, 64
+    ep = EPILOGUES["int32"]
+    problem = QGemmProblem(m, n, k, "uint8", ep)
+    layout, ex = _build(spec, problem)
+    a = np.full((m, k), 255, np.uint8)
+    b = np.full((k, n), 127, np.int8)
+    corr = gemm_corrections(b, 0, 0, layout.a_offset)
+    params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, None)
+    args = [tvm.runtime.tensor(x, tvm.cpu()) for x in [a, pack_weights(corr.b_signed, layout), *params, np.zeros((m, n), np.int32)]]
+    ex.jit()["qgemm"](*args)
+    assert (args[-1].numpy() == 255 * 127 * k).all()
+
+
+def test_vnni_is_chosen_for_large_problems_with_enough_accumulators():
+    spec = next(t for t in TARGETS if t.name == "x86-avx512-vnni")
+    layout = GemmLayout.choose(QGemmProblem(1024, 1024, 1024, "uint8", Epilogue()), spec)
+    assert layout.mr * layout.nr >= 12
+    assert layout.kblock and layout.kp % layout.kblock == 0
+    gemv = GemmLayout.choose(QGemmProblem(1, 4096, 4096, "uint8", Epilogue()), spec)
+    assert gemv.mr == 1 and gemv.nr >= 8

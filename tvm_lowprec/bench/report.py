@@ -1,0 +1,200 @@
+"""Writers for benchmark results: CSV, JSON (rows + metadata), a Markdown report and an optional plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+CSV_FIELDS = ("benchmark", "threads", "M", "N", "K", "provider", "status", "seconds", "gops",
+              "max_diff_vs_ort", "timer", "number", "repeat", "target", "reason")
+_MEASURED = ("ok", "mismatch")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _json_safe(value):
+    """NaN and infinities become ``None`` (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    """One line per point, columns :data:`CSV_FIELDS` (NaN written as an empty cell)."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: ("" if value is None else value) for key, value in _json_safe(row).items()})
+
+
+def write_json(rows: list[dict], meta: dict, path: Path) -> None:
+    """``{"metadata": meta, "results": rows}``, indented."""
+    path.write_text(json.dumps(_json_safe({"metadata": meta, "results": rows}), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- Markdown
+
+def _fmt(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return ""
+    if row["status"] == "skipped":
+        return "n/a"
+    if row["status"] == "error":
+        return "err"
+    return _fmt(row["gops"]) + ("!" if row["status"] == "mismatch" else "")
+
+
+def _columns(meta: dict) -> tuple[list[str], str | None, str | None]:
+    """Provider columns, the main provider (None if not benchmarked) and the %-of-peak provider."""
+    providers = list(meta["benchmark"]["providers"])
+    main = meta["benchmark"]["main"] if meta["benchmark"]["main"] in providers else None
+    peak_provider = (main or providers[0]) if meta.get("peak_gops_per_thread") else None
+    return providers, main, peak_provider
+
+
+def _ratio(num: dict | None, den: dict | None) -> str:
+    if num is None or den is None or num["status"] not in _MEASURED or den["status"] not in _MEASURED:
+        return "—"
+    return f"{num['gops'] / den['gops']:.2f}"
+
+
+def _table(rows: list[dict], meta: dict, threads: int) -> list[str]:
+    providers, main, peak_provider = _columns(meta)
+    label = "tvm" if main == "tvm-lowprec" else main
+    peers = [p for p in providers if main and p != main]
+    header = ["M×N×K", *providers, *(f"{label} / {p}" for p in peers)]
+    if peak_provider:
+        header.append(f"% peak ({peak_provider})")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    by_point = {(r["M"], r["N"], r["K"], r["provider"]): r for r in rows if r["threads"] == threads}
+    for shape in dict.fromkeys((r["M"], r["N"], r["K"]) for r in rows):
+        point = {p: by_point.get((*shape, p)) for p in providers}
+        cells = ["x".join(map(str, shape)), *(_cell(point[p]) for p in providers)]
+        cells += [_ratio(point[main], point[p]) for p in peers]
+        if peak_provider:
+            cells.append(_peak_cell(point[peak_provider], meta["peak_gops_per_thread"] * threads))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _peak_cell(row: dict | None, peak: float) -> str:
+    if row is None or row["status"] not in _MEASURED:
+        return "—"
+    return f"{100.0 * row['gops'] / peak:.1f}%"
+
+
+def _notes(rows: list[dict]) -> list[str]:
+    """One bullet per distinct (provider, status, reason), listing where it happened."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for r in rows:
+        if r["reason"]:
+            key = (r["provider"], r["status"], r["reason"])
+            grouped.setdefault(key, []).append(f"{r['M']}x{r['N']}x{r['K']}@{r['threads']}t")
+    lines = []
+    for (provider, status, reason), where in grouped.items():
+        points = sum(r["provider"] == provider for r in rows)
+        place = "all points" if len(where) == points else ", ".join(where)
+        lines.append(f"- `{provider}` {status} ({place}): {reason}")
+    return lines
+
+
+def _header(meta: dict) -> list[str]:
+    cpu = meta["host"]["cpu"]
+    flags = ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in cpu["flags"].items())
+    versions = ", ".join(f"{name} {version or 'not installed'}" for name, version in meta["versions"].items())
+    target = meta["target"]
+    compiled = "; ".join(meta.get("compiled_targets") or []) or "n/a"
+    timing = meta["timing"]
+    return [
+        f"# {meta['benchmark']['name']}", "",
+        f"- date: {meta['date']}",
+        f"- host: {cpu['model']} ({cpu['logical_cpus']} logical CPUs); {flags}",
+        f"- target: {target['requested']} (LLVM host CPU {target['llvm_host_cpu']}); compiled: {compiled}",
+        f"- versions: {versions}",
+        f"- numpy threads: {meta['numpy_threads']}",
+        f"- load average (1/5/15 min) at start: {meta.get('loadavg_start')}, at end: {meta.get('loadavg_end')} "
+        "(other work on these cores makes the figures noisy, multi-thread ones most)",
+        f"- data: {meta.get('data', 'n/a')}",
+        f"- metric: GOPS = 2·M·N·K / median seconds per call (median of {timing['repeat']} repeats, "
+        f"each ≥ {timing['min_time']} s); ratio columns divide GOPS measured in this same run",
+        "- timers: tvm-lowprec by TVM's time_evaluator (no Python overhead); the others by wall clock "
+        "around one Python call (a few µs each, visible at M=1)",
+    ]
+
+
+def render_markdown(rows: list[dict], meta: dict) -> str:
+    """The full report: header, one table per thread count, then notes on skipped/failed points."""
+    lines = _header(meta)
+    if meta.get("peak_gops_per_thread"):
+        lines.append(f"- peak: {meta['peak_gops_per_thread']} GOPS per thread (times the thread count)")
+    for threads in meta["threads"]:
+        lines += ["", f"## threads = {threads}", "", *_table(rows, meta, threads)]
+    notes = _notes(rows)
+    if notes:
+        lines += ["", "Cells: `n/a` provider unavailable, `err` failed, `!` output differs from ORT "
+                      "by more than one step.", "", "## Notes", "", *notes]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- plot
+
+def write_plot(rows: list[dict], meta: dict, path: Path) -> bool:
+    """Grouped bar chart of GOPS per shape, one panel per thread count; False if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    providers, threads_list = list(meta["benchmark"]["providers"]), meta["threads"]
+    shapes = list(dict.fromkeys((r["M"], r["N"], r["K"]) for r in rows))
+    fig, axes = plt.subplots(len(threads_list), 1, figsize=(max(8, len(shapes)), 4 * len(threads_list)),
+                             squeeze=False)
+    width = 0.8 / len(providers)
+    for ax, threads in zip(axes[:, 0], threads_list):
+        for i, provider in enumerate(providers):
+            gops = {(r["M"], r["N"], r["K"]): r["gops"] for r in rows
+                    if r["threads"] == threads and r["provider"] == provider and r["status"] in _MEASURED}
+            ax.bar([x + i * width for x in range(len(shapes))], [gops.get(s, math.nan) for s in shapes],
+                   width, label=provider)
+        ax.set_title(f"threads = {threads}")
+        ax.set_ylabel("GOPS")
+        ax.set_yscale("log")
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
+        ax.set_xticklabels(["x".join(map(str, s)) for s in shapes], rotation=45, ha="right")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write_reports(rows: list[dict], meta: dict, out_dir: Path) -> Path:
+    """Write ``results.csv``, ``results.json``, ``report.md`` and (if possible) ``report.png``.
+
+    Returns
+    -------
+    pathlib.Path
+        The Markdown report.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out_dir / "results.csv")
+    write_json(rows, meta, out_dir / "results.json")
+    report = out_dir / "report.md"
+    report.write_text(render_markdown(rows, meta))
+    write_plot(rows, meta, out_dir / "report.png")
+    return report
