@@ -20,12 +20,16 @@ class AOperand:
 
     ``storage``: dtype the kernel reads (``int16`` means a widening pre-pass);
     ``offset``: constant the intrinsic adds to every activation value before multiplying
-    (128 for s8 on VNNI, whose activation operand is unsigned); ``intrin``: registered name.
+    (128 for s8 on VNNI, whose activation operand is unsigned); ``intrin``: registered name;
+    ``intrin_wide_b``: a variant reading weights pre-widened to int16 at pack time (None: no such
+    variant). Constant weights cost nothing to widen once, and the widened form lets the instruction
+    take B straight from memory, freeing registers for accumulators.
     """
 
     storage: str
     offset: int
     intrin: str
+    intrin_wide_b: str | None = None
 
     def __post_init__(self):
         if self.storage not in _INT_DTYPES:
@@ -75,6 +79,7 @@ class Tile:
     nr: int
     kblock: int = 0
     why: str = ""
+    wide_b: bool = False  # use the operand's int16-weight variant where the intrinsic has one
 
     def __post_init__(self):
         if self.mr < 1 or self.nr < 1 or self.min_m < 1:

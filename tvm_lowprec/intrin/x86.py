@@ -22,13 +22,13 @@ from ..hwspec import AOperand, GemmIntrin
 _SIGN_FLIP = -2139062144  # 0x80808080 as int32: flips the sign bit of each of 4 packed bytes
 
 
-def _dot_desc(lanes: int, kstep: int, a_dtype: str, a_offset: int):
+def _dot_desc(lanes: int, kstep: int, a_dtype: str, a_offset: int, b_dtype: str = "int8"):
     shifted = a_offset != 0
 
     @T.prim_func(s_tir=True)
     def desc(
         A: T.Buffer((kstep,), a_dtype, offset_factor=1),
-        B: T.Buffer((lanes, kstep), "int8", offset_factor=1),
+        B: T.Buffer((lanes, kstep), b_dtype, offset_factor=1),
         C: T.Buffer((lanes,), "int32", offset_factor=1),
     ):
         with T.sblock("root"):
@@ -70,13 +70,14 @@ def _vpdpbusd_impl(lanes: int, a_dtype: str, llvm_name: str):
     return impl
 
 
-def _pmaddwd_impl(lanes: int, llvm_name: str):
+def _pmaddwd_impl(lanes: int, llvm_name: str, b_dtype: str):
     kstep, n16 = 2, lanes * 2
+    wide = b_dtype == "int16"
 
     @T.prim_func(s_tir=True)
     def impl(
         A: T.Buffer((kstep,), "int16", offset_factor=1),
-        B: T.Buffer((lanes, kstep), "int8", offset_factor=1),
+        B: T.Buffer((lanes, kstep), b_dtype, offset_factor=1),
         C: T.Buffer((lanes,), "int32", offset_factor=1),
     ):
         with T.sblock("root"):
@@ -84,7 +85,7 @@ def _pmaddwd_impl(lanes: int, llvm_name: str):
             T.writes(C[0:lanes])
             a2 = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
             a_b = T.reinterpret(T.broadcast(a2, lanes), dtype=f"int16x{n16}")
-            b16 = T.cast(B.vload([0, 0], dtype=f"int8x{n16}"), f"int16x{n16}")
+            b16 = B.vload([0, 0], dtype=f"int16x{n16}") if wide else T.cast(B.vload([0, 0], dtype=f"int8x{n16}"), f"int16x{n16}")
             C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(llvm_name),
                 a_b,
@@ -110,10 +111,15 @@ def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) 
 
 
 def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
-    iname = f"lowprec_{name}_int16_{lanes}x2"
-    _register(iname, _dot_desc(lanes, 2, "int16", 0), _pmaddwd_impl(lanes, llvm_name))
+    names = {}
+    for b_dtype, suffix in (("int8", ""), ("int16", "_wideb")):
+        names[b_dtype] = _register(
+            f"lowprec_{name}_int16{suffix}_{lanes}x2",
+            _dot_desc(lanes, 2, "int16", 0, b_dtype),
+            _pmaddwd_impl(lanes, llvm_name, b_dtype),
+        )
     # both activation dtypes are widened to int16 by the kernel's prepare step: no offset needed
-    operand = AOperand(storage="int16", offset=0, intrin=iname)
+    operand = AOperand(storage="int16", offset=0, intrin=names["int8"], intrin_wide_b=names["int16"])
     return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features)
 
 

@@ -100,6 +100,7 @@ class GemmLayout:
     kblock: int
     a_storage: str
     a_offset: int
+    b_storage: str
     mp: int
     np_: int
     kp: int
@@ -113,8 +114,9 @@ class GemmLayout:
         nr = max(1, min(tile.nr, -(-problem.n // gi.lanes)))
         kp = _ceil(problem.k, gi.kstep)
         kblock = tile.kblock if tile.kblock and tile.kblock < kp and kp % tile.kblock == 0 else 0
+        wide = tile.wide_b and operand.intrin_wide_b is not None
         return GemmLayout(
-            intrin=operand.intrin,
+            intrin=operand.intrin_wide_b if wide else operand.intrin,
             intrin_row=gi.name,
             lanes=gi.lanes,
             kstep=gi.kstep,
@@ -123,6 +125,7 @@ class GemmLayout:
             kblock=kblock,
             a_storage=operand.storage,
             a_offset=operand.offset,
+            b_storage="int16" if wide else "int8",
             mp=_ceil(problem.m, mr),
             np_=_ceil(problem.n, gi.lanes * nr),
             kp=kp,
@@ -147,7 +150,7 @@ def pack_weights(b_signed: np.ndarray, layout: GemmLayout) -> np.ndarray:
     (``nr * lanes * kstep`` bytes) is contiguous, so the inner loop streams one B panel.
     """
     k, n = b_signed.shape
-    padded = np.zeros((layout.kp, layout.np_), np.int8)
+    padded = np.zeros((layout.kp, layout.np_), layout.b_storage)
     padded[:k, :n] = b_signed
     npanel, kb = layout.np_ // layout.panel, layout.kp // layout.kstep
     t = padded.T.reshape(npanel, layout.nr, layout.lanes, kb, layout.kstep)
@@ -202,7 +205,7 @@ def build_qgemm(problem: QGemmProblem, layout: GemmLayout, name: str = "qgemm"):
     p, lay, ep = problem, layout, problem.epilogue
     M, N, K = p.m, p.n, p.k
     A = te.placeholder((M, K), p.a_dtype, name="A")
-    Bp = te.placeholder(lay.packed_shape, "int8", name="B_packed")
+    Bp = te.placeholder(lay.packed_shape, lay.b_storage, name="B_packed")
     corr = te.placeholder((lay.np_,), "int32", name="corr")
     args = [A, Bp, corr]
 
@@ -268,6 +271,7 @@ def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
         "lowprec.intrin_row": layout.intrin_row,
         "lowprec.shape": [problem.m, problem.n, problem.k],
         "lowprec.tile": [layout.mr, layout.nr, layout.kblock],
+        "lowprec.b_storage": layout.b_storage,
         "lowprec.a_dtype": problem.a_dtype,
         "lowprec.epilogue": problem.epilogue.kind,
     }
