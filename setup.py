@@ -5,6 +5,7 @@ setup(
     version="0.1.0",
     description="Quantized ONNX models on low-precision CPU instructions (VNNI, AVX2) through Apache TVM",
     packages=find_packages(include=["tvm_lowprec", "tvm_lowprec.*"]),
+    package_data={"tvm_lowprec": ["data/*.onnx"]},
     python_requires=">=3.10",
     install_requires=[
         # pinned together: with apache-tvm-ffi 0.1.15.x every Schedule.tensorize segfaults

@@ -90,3 +90,31 @@ def test_fixed_point_mode_is_within_one_step(rng):
     f = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")(a)[0].astype(int)
     q = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native", requant_mode="fixed_point")(a)[0].astype(int)
     assert np.abs(f - q).max() <= 1 and (f == q).mean() > 0.99
+
+
+def _quantize_dynamic(model):
+    import os
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "fp32.onnx"), os.path.join(d, "dyn.onnx")
+        onnx.save(model, src)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=False)
+        return onnx.load(dst)
+
+
+@pytest.mark.parametrize("shape", [(1, 96), (6, 64), (2, 5, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_quantize_dynamic_model_takes_the_kernel_with_a_runtime_zero_point(shape, rng):
+    """DynamicQuantizeLinear -> MatMulInteger: the activation zero point is only known at run time."""
+    model = _quantize_dynamic(fp32_linear(shape, 40, op="matmul"))
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in model.graph.node}
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    assert [k.op for k in compiled.kernels()].count("qgemm") == 1
+    for _ in range(3):
+        x = (rng.standard_normal(shape) * rng.uniform(0.1, 3)).astype(np.float32)
+        got = compiled(x)[0]
+        want = _ort(model, optimized=False).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -12,6 +12,9 @@ from tvm import relax
 from .errors import InputError
 
 
+_POOL_THREADS = None  # what TVM's runtime pool was last configured to by a Compiled
+
+
 @dataclass(frozen=True)
 class KernelInfo:
     """One generated kernel: its name, the operator it implements, its intrinsic, its shape."""
@@ -41,8 +44,8 @@ def _describe(gvar, func) -> KernelInfo:
             str(attrs["lowprec.intrin"]),
             tuple(int(x) for x in attrs["lowprec.shape"]),
         )
-    out = func.buffer_map.get(func.params[-1], None) if func.params and hasattr(func, "buffer_map") else None
-    shape = tuple(int(s) if hasattr(s, "value") else str(s) for s in out.shape) if out is not None else ()
+    out = func.params[-1] if func.params else None  # a 0.27 PrimFunc param carries its buffer's shape
+    shape = tuple(int(s) if hasattr(s, "value") else str(s) for s in getattr(out, "shape", ()))
     return KernelInfo(gvar.name_hint, gvar.name_hint.rstrip("0123456789_"), "none", shape)
 
 
@@ -68,8 +71,11 @@ class Compiled:
 
     # -- running ---------------------------------------------------------------------------------
     def _set_threads(self):
-        if self.num_threads:
+        global _POOL_THREADS
+        if self.num_threads and self.num_threads != _POOL_THREADS:
+            # reconfiguring TVM's (process-wide) pool restarts its workers: only when it changes
             tvm.get_global_func("runtime.config_threadpool")(1, int(self.num_threads))
+            _POOL_THREADS = self.num_threads
 
     def _arguments(self, args, kwargs) -> list:
         if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:

@@ -73,6 +73,7 @@ class QGemmProblem:
     a_dtype: str
     epilogue: Epilogue
     row_term: bool = False  # the weight zero point is not zero: needs rowsum(A')
+    runtime_a_zero_point: bool = False  # za is a kernel input (dynamic quantization), not a constant
 
     def __post_init__(self):
         if min(self.m, self.n, self.k) < 1:
@@ -163,10 +164,12 @@ def _pad_vec(v: np.ndarray, n: int, dtype) -> np.ndarray:
     return out
 
 
-def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, scale, fbias=None):
-    """The per-column constant arrays the PrimFunc takes after A and packed B, padded to ``np_``."""
+def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, scale, fbias=None, zcoef=None):
+    """The per-column constant arrays the PrimFunc takes after packed B, padded to ``np_``."""
     np_ = layout.np_
     params = [_pad_vec(np.asarray(corr, np.int32), np_, np.int32)]
+    if problem.runtime_a_zero_point:
+        params.append(_pad_vec(np.asarray(zcoef, np.int32), np_, np.int32))
     if problem.row_term:
         params.append(_pad_vec(np.asarray(rowcoef, np.int32), np_, np.int32))
     ep = problem.epilogue
@@ -201,13 +204,22 @@ def _requant_fixed(x, mult, shift, ep: Epilogue):
 
 
 def build_qgemm(problem: QGemmProblem, layout: GemmLayout, name: str = "qgemm"):
-    """The unscheduled PrimFunc. Arguments: A, packed B, epilogue params (see :func:`epilogue_params`), out."""
+    """The unscheduled PrimFunc.
+
+    Arguments: A, [a_zero_point int32[1] when runtime], packed B, epilogue params (see
+    :func:`epilogue_params`), out.
+    """
     p, lay, ep = problem, layout, problem.epilogue
     M, N, K = p.m, p.n, p.k
     A = te.placeholder((M, K), p.a_dtype, name="A")
+    a_zp = te.placeholder((1,), "int32", name="a_zero_point") if p.runtime_a_zero_point else None
     Bp = te.placeholder(lay.packed_shape, lay.b_storage, name="B_packed")
     corr = te.placeholder((lay.np_,), "int32", name="corr")
-    args = [A, Bp, corr]
+    args = [A] + ([a_zp] if a_zp is not None else []) + [Bp, corr]
+    zcoef = None
+    if a_zp is not None:
+        zcoef = te.placeholder((lay.np_,), "int32", name="zcoef")
+        args.append(zcoef)
 
     a_src = A
     if lay.needs_prepare(p):
@@ -239,6 +251,8 @@ def build_qgemm(problem: QGemmProblem, layout: GemmLayout, name: str = "qgemm"):
 
     def total(m, n):
         x = acc[m, n] + corr[n]
+        if zcoef is not None:
+            x = x + a_zp[0] * zcoef[n]
         if row_extra is not None:
             rowcoef, rowsum, off = row_extra
             x = x + rowcoef[n] * (rowsum[m] + off)

@@ -31,7 +31,7 @@ from .patterns import (
     static_shape,
 )
 from .requant import qrange
-from .zero_points import gemm_corrections
+from .zero_points import gemm_corrections, zero_point_coefficient
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class QGemmMatch:
     bias_int: np.ndarray | None  # int32 [N] in accumulator units
     epilogue: Epilogue
     mult: np.ndarray | None  # float32 [N] requantization multiplier
+    x_zero_point_expr: relax.Expr | None = None  # a runtime activation zero point (dynamic quantization)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,26 +175,33 @@ def _peeled_constant(expr, lookup):
 
 
 def _widened(expr, lookup):
-    """``astype(x, int32) [- zero point]`` -> (x, zero point array) or None."""
-    zp = np.zeros((), np.int64)
+    """``astype(x, int32) [- zero point]`` -> (x, zero point array or None, zero point expr or None).
+
+    A zero point that is not a constant (DynamicQuantizeLinear's output) comes back as an expression.
+    """
+    zp, zp_expr = np.zeros((), np.int64), None
     sub = call_of(expr, "subtract", lookup)
     if sub is not None:
         zp = _peeled_constant(sub.args[1], lookup)
         if zp is None:
-            return None
+            zp_expr = sub.args[1]
         expr = sub.args[0]
     cast = call_of(expr, "astype", lookup)
     if cast is None or dtype_of(cast.args[0]) not in ("uint8", "int8"):
         return None
-    return cast.args[0], np.asarray(zp, np.int64)
+    return cast.args[0], (None if zp is None else np.asarray(zp, np.int64)), zp_expr
 
 
 def match_matmul_integer(call, lookup, mode: str) -> QGemmMatch | None:
     if not call.op.same_as(tvm.ir.Op.get("relax.matmul")) or dtype_of(call) != "int32":
         return None
     a, b = _widened(call.args[0], lookup), _widened(call.args[1], lookup)
-    if a is None or b is None or a[1].size != 1:
+    if a is None or b is None or b[1] is None:
+        return None
+    if a[1] is not None and a[1].size != 1:
         return None  # a per-row activation zero point stays on the generic path
+    if a[2] is not None and not _scalar_like(a[2]):
+        return None
     w = constant(b[0], lookup)
     if w is None or w.ndim != 2:
         return None
@@ -202,7 +210,8 @@ def match_matmul_integer(call, lookup, mode: str) -> QGemmMatch | None:
     if zw.size not in (1, n):
         return None
     weight = ConstWeight(w, np.ones((), np.float32), zw if zw.size > 1 else zw.reshape(()))
-    return QGemmMatch(a[0], int(a[1].reshape(())), np.ones(n, np.float32), weight, None, Epilogue("int32"), None)
+    za = 0 if a[1] is None else int(a[1].reshape(()))
+    return QGemmMatch(a[0], za, np.ones(n, np.float32), weight, None, Epilogue("int32"), None, a[2])
 
 
 @dataclass(frozen=True)
@@ -259,14 +268,19 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
         return None
     m = int(np.prod(xshape[:-1]))
     row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
-    problem = QGemmProblem(m, n, k, dtype_of(match.x), match.epilogue, row_term=row_term)
+    runtime_za = match.x_zero_point_expr is not None
+    problem = QGemmProblem(m, n, k, dtype_of(match.x), match.epilogue, row_term=row_term, runtime_a_zero_point=runtime_za)
     layout = GemmLayout.choose(problem, spec)
     corr = gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, layout.a_offset, match.bias_int)
-    name = f"qgemm_{problem.a_dtype[0]}8_{m}x{n}x{k}_{problem.epilogue.kind}"
+    zcoef = zero_point_coefficient(match.weight.values, match.weight.zero_point) if runtime_za else None
+    name = f"qgemm_{problem.a_dtype[0]}8_{m}x{n}x{k}_{problem.epilogue.kind}{'_dynzp' if runtime_za else ''}"
     gvar = builder.add_func(build_qgemm(problem, layout, name).with_attr("op_pattern", 8), name)
-    params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, match.mult)
+    params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, match.mult, zcoef=zcoef)
     x2 = match.x if len(xshape) == 2 else builder.emit(relax.op.reshape(match.x, (m, k)))
-    args = [x2, relax.const(pack_weights(corr.b_signed, layout))] + [relax.const(p) for p in params]
+    args = [x2]
+    if runtime_za:
+        args.append(builder.emit(relax.op.reshape(relax.op.astype(match.x_zero_point_expr, "int32"), (1,))))
+    args += [relax.const(pack_weights(corr.b_signed, layout))] + [relax.const(p) for p in params]
     y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((m, n), problem.epilogue.out_dtype)))
     if len(xshape) != 2:
         y = builder.emit(relax.op.reshape(y, (*xshape[:-1], n)))

@@ -32,6 +32,18 @@ def signed_weights(b: np.ndarray) -> tuple[np.ndarray, int]:
     raise ValueError(f"weights must be int8 or uint8, not {b.dtype}")
 
 
+def zero_point_coefficient(b, zb) -> np.ndarray:
+    """``zcoef[n] = K*zb'[n] - CB[n]``: the int32 term multiplied by a runtime activation zero point.
+
+    With ``za`` known only at run time, :func:`gemm_corrections` is called with ``za = 0`` and the
+    kernel adds ``za * zcoef[n]``.
+    """
+    k, n = b.shape
+    b_signed, b_off = signed_weights(np.asarray(b))
+    zb_p = np.broadcast_to(np.asarray(zb, np.int64), (n,)) - b_off
+    return (k * zb_p - b_signed.astype(np.int64).sum(axis=0)).astype(np.int32)
+
+
 def gemm_corrections(b, za: int, zb, a_offset: int, bias_int=None) -> GemmCorrections:
     """Fold zero points and an int32 bias for constant weights ``b[K, N]`` (int8 or uint8)."""
     k, n = b.shape

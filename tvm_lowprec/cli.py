@@ -1,0 +1,136 @@
+"""``tvm-lowprec``: the command line.
+
+    tvm-lowprec run                    # the shipped demo model: compile, run, kernel table, vs ONNX Runtime
+    tvm-lowprec run model.onnx --target x86-avx2 --threads 2
+    tvm-lowprec targets                # the registered target rows and whether this host runs them
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+DEMO_MODEL = os.path.join(os.path.dirname(__file__), "data", "demo_mlp_qdq.onnx")
+
+
+def _step(message: str):
+    print(f"… {message}", file=sys.stderr, flush=True)
+    return time.perf_counter()
+
+
+def _done(t0: float):
+    print(f"  done in {time.perf_counter() - t0:.2f} s", file=sys.stderr, flush=True)
+
+
+def _table(rows: list[dict]) -> str:
+    if not rows:
+        return "(none)"
+    cols = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(widths[c]) for c in cols), "  ".join("-" * widths[c] for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def _random_inputs(compiled, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for spec in compiled.inputs:
+        if any(not isinstance(d, int) for d in spec.shape):
+            raise SystemExit(f"input {spec.name!r} has a dynamic shape {spec.shape}: not supported by `run` yet")
+        if spec.dtype.startswith("float"):
+            inputs[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        else:
+            info = np.iinfo(spec.dtype)
+            inputs[spec.name] = rng.integers(info.min, info.max + 1, spec.shape).astype(spec.dtype)
+    return inputs
+
+
+def _ort_session(path: str, threads: int, optimized: bool = True):
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    if not optimized:  # the graph as written: float QDQ semantics, no fused integer kernels
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _max_diffs(outputs, reference) -> str:
+    return ", ".join(f"{float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))):.4g}" for a, b in zip(outputs, reference))
+
+
+def _median_seconds(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def cmd_run(args) -> int:
+    import tvm_lowprec
+
+    path = args.model or DEMO_MODEL
+    t0 = _step(f"importing {path}")
+    mod = tvm_lowprec.from_onnx(path)
+    _done(t0)
+    t0 = _step(f"compiling for {args.target}")
+    compiled = tvm_lowprec.compile(mod, target=args.target, num_threads=args.threads)
+    _done(t0)
+    print(f"\ntarget: {compiled.spec.name} — {compiled.spec.description}\n")
+    print(_table([k.as_row() for k in compiled.kernels()]))
+    inputs = _random_inputs(compiled, args.seed)
+    outputs = compiled(inputs)
+    t_tvm = compiled.benchmark(inputs, number=max(1, args.repeat // 5), repeat=5)
+    rows = [{"runtime": "tvm-lowprec", "ms": f"{t_tvm * 1e3:.3f}", "tvm-lowprec speed-up": "1.00"}]
+    session = _ort_session(path, args.threads)
+    if session is not None:
+        as_written = _ort_session(path, args.threads, optimized=False).run(None, inputs)
+        print(f"\nmax |tvm-lowprec - onnxruntime| per output: {_max_diffs(outputs, session.run(None, inputs))}")
+        print(f"max |tvm-lowprec - onnxruntime, graph as written (no fusion)|: {_max_diffs(outputs, as_written)}")
+        t_ort = _median_seconds(lambda: session.run(None, inputs), args.repeat)
+        rows.append({"runtime": "onnxruntime", "ms": f"{t_ort * 1e3:.3f}", "tvm-lowprec speed-up": f"{t_ort / t_tvm:.2f}"})
+    print(f"\nlatency, {args.threads} thread(s), median of {args.repeat} calls:")
+    print(_table(rows))
+    return 0
+
+
+def cmd_targets(_args) -> int:
+    from tvm_lowprec.targets import host_supports, native_target, registered_targets
+
+    rows = [
+        {"name": s.name, "instruction": s.gemm.name, "runs here": "yes" if host_supports(s) else "no", "about": s.description}
+        for s in registered_targets().values()
+    ]
+    print(_table(rows))
+    print(f"\nnative = {native_target().name}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tvm-lowprec", description="Quantized ONNX models on low-precision CPU instructions")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="compile and run a quantized ONNX model (default: the shipped demo)")
+    run.add_argument("model", nargs="?", help="ONNX file (default: the demo MLP shipped with the package)")
+    run.add_argument("--target", default="native", help="a registered target name or 'native' (default)")
+    run.add_argument("--threads", type=int, default=1)
+    run.add_argument("--repeat", type=int, default=50, help="timed calls per runtime")
+    run.add_argument("--seed", type=int, default=0)
+    run.set_defaults(func=cmd_run)
+    targets = sub.add_parser("targets", help="list the registered targets")
+    targets.set_defaults(func=cmd_targets)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
