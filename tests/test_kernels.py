@@ -15,6 +15,22 @@ from tvm_lowprec.schedule import schedule_func
 
 from conftest import TARGETS, runnable
 
+# every (target, recipe) pair: bounded recipes get weights inside their bound
+RECIPES = [(t, r) for t in TARGETS for r in t.recipes()]
+
+
+def _recipe_id(pair):
+    return f"{pair[0].name}/{pair[1].intrin.name}"
+
+
+def _only(spec, recipe):
+    """The target with just this recipe, so the kernel is built with it whatever the weights."""
+    import dataclasses
+
+    if recipe.intrin.weight_pair_bound is None:
+        return dataclasses.replace(spec, bounded=())
+    return dataclasses.replace(spec, bounded=(recipe,))
+
 # (M, N, K): GEMV, odd sizes on every axis, a tile-aligned block, a K-blocked shape
 SHAPES = [(1, 64, 64), (1, 37, 19), (3, 17, 5), (7, 33, 19), (16, 48, 64), (64, 96, 128), (260, 64, 1024)]
 # (activation dtype, weight dtype, activation zero point, weight zero point)
@@ -33,29 +49,34 @@ EPILOGUES = {
 }
 
 
-def _operands(rng, m, n, k, a_dtype, b_dtype):
+def _operands(rng, m, n, k, a_dtype, b_dtype, bound=None):
     info_a, info_b = np.iinfo(a_dtype), np.iinfo(b_dtype)
     a = rng.integers(info_a.min, info_a.max + 1, (m, k)).astype(a_dtype)
-    b = rng.integers(info_b.min, info_b.max + 1, (k, n)).astype(b_dtype)
-    # extremes included: the saturating pmaddubsw would fail on these
+    lo, hi = info_b.min, info_b.max
+    if bound is not None:  # pairs at the edge of the bound: 64 + 64 = 128
+        mid = 0 if b_dtype == "int8" else 128
+        lo, hi = mid - bound // 2, mid + bound // 2
+    b = rng.integers(lo, hi + 1, (k, n)).astype(b_dtype)
+    # extremes included: a saturating instruction would fail on these
     a[0, : min(k, 4)] = info_a.max
-    b[: min(k, 4), 0] = info_b.max if b_dtype == "int8" else info_b.max
+    b[: min(k, 4), 0] = hi
     return a, b
 
 
-def _build(spec, problem):
-    layout = GemmLayout.choose(problem, spec)
+def _build(spec, problem, b_signed=None):
+    layout = GemmLayout.choose(problem, spec, b_signed)
     sch = schedule_func(build_qgemm(problem, layout), spec)
     assert sch is not None
     ex = tvm.compile(sch.mod, target=spec.tvm_target(2))
     return layout, ex
 
 
-def _check_instruction(spec, ex):
+def _check_instruction(spec, layout, ex):
     asm = ex.mod.inspect_source("asm")
-    mnemonic = spec.gemm.name.split("_")[0]
+    mnemonic = layout.intrin_row.split("_")[0]
     assert mnemonic in asm, f"{spec.name}: {mnemonic} not emitted"
-    assert "vpmaddubsw" not in asm, "saturating vpmaddubsw emitted"
+    if layout.intrin_row.split("_")[0] != "vpmaddubsw":
+        assert "vpmaddubsw" not in asm, "vpmaddubsw emitted by a recipe that must be exact for every weight"
 
 
 def _reference(a, b, za, zb, bias, mult, ep):
@@ -65,17 +86,19 @@ def _reference(a, b, za, zb, bias, mult, ep):
     return requantize_ref(acc, mult, ep.zero_point, ep.out_dtype, ep.qmin, ep.qmax, mode=ep.mode)
 
 
-def run_case(spec, rng, shape, operands, ep, execute=True):
+def run_case(spec, rng, shape, operands, ep, execute=True, bound=None):
+    from tvm_lowprec.quant.zero_points import signed_weights
+
     m, n, k = shape
     a_dtype, b_dtype, za, zb = operands
-    a, b = _operands(rng, m, n, k, a_dtype, b_dtype)
+    a, b = _operands(rng, m, n, k, a_dtype, b_dtype, bound)
     zb = rng.integers(-4, 5, n) if zb == "per-channel" else zb
     bias = rng.integers(-5000, 5000, n).astype(np.int32)
     mult = (rng.random(n) * 2e-4 + 1e-5).astype(np.float32)
     b_off = 128 if b_dtype == "uint8" else 0
     problem = QGemmProblem(m, n, k, a_dtype, ep, row_term=bool(np.any(np.asarray(zb) - b_off)))
-    layout, ex = _build(spec, problem)
-    _check_instruction(spec, ex)
+    layout, ex = _build(spec, problem, signed_weights(b)[0])
+    _check_instruction(spec, layout, ex)
     if not (execute and runnable(spec)):
         return None
     corr = gemm_corrections(b, za, zb, layout.a_offset, bias)
@@ -89,17 +112,30 @@ def run_case(spec, rng, shape, operands, ep, execute=True):
     return got
 
 
-@pytest.mark.parametrize("spec", TARGETS, ids=lambda s: s.name)
+@pytest.mark.parametrize("pair", RECIPES, ids=_recipe_id)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_shapes(spec, shape, rng):
-    run_case(spec, rng, shape, OPERANDS[1], EPILOGUES["requant-u8"])
+def test_shapes(pair, shape, rng):
+    spec, recipe = pair
+    run_case(_only(spec, recipe), rng, shape, OPERANDS[1], EPILOGUES["requant-u8"], bound=recipe.intrin.weight_pair_bound)
 
 
-@pytest.mark.parametrize("spec", TARGETS, ids=lambda s: s.name)
+@pytest.mark.parametrize("pair", RECIPES, ids=_recipe_id)
 @pytest.mark.parametrize("operands", OPERANDS, ids=lambda o: f"{o[0]}x{o[1]}-za{o[2]}-zb{o[3]}")
 @pytest.mark.parametrize("ep", list(EPILOGUES), ids=str)
-def test_operands_and_epilogues(spec, operands, ep, rng):
-    run_case(spec, rng, (7, 40, 36), operands, EPILOGUES[ep])
+def test_operands_and_epilogues(pair, operands, ep, rng):
+    spec, recipe = pair
+    run_case(_only(spec, recipe), rng, (7, 40, 36), operands, EPILOGUES[ep], bound=recipe.intrin.weight_pair_bound)
+
+
+@pytest.mark.parametrize("spec", [t for t in TARGETS if t.bounded], ids=lambda s: s.name)
+def test_bounded_recipe_declines_weights_that_could_saturate(spec, rng):
+    problem = QGemmProblem(8, 32, 64, "uint8", EPILOGUES["int32"])
+    seven_bit = rng.integers(-64, 65, (64, 32)).astype(np.int8)
+    full = seven_bit.copy()
+    full[10, 3], full[11, 3] = 100, 29  # one pair: 129 > 128
+    assert GemmLayout.choose(problem, spec, seven_bit).intrin_row == spec.bounded[0].intrin.name
+    assert GemmLayout.choose(problem, spec, full).intrin_row == spec.gemm.name
+    assert GemmLayout.choose(problem, spec, None).intrin_row == spec.gemm.name  # runtime weights
 
 
 def test_emulation_rows_are_exact_where_pmaddubsw_saturates(rng):
@@ -110,9 +146,10 @@ def test_emulation_rows_are_exact_where_pmaddubsw_saturates(rng):
     m, n, k = 4, 16, 64
     ep = EPILOGUES["int32"]
     problem = QGemmProblem(m, n, k, "uint8", ep)
-    layout, ex = _build(spec, problem)
     a = np.full((m, k), 255, np.uint8)
     b = np.full((k, n), 127, np.int8)
+    layout, ex = _build(spec, problem, b)
+    assert layout.intrin_row == spec.gemm.name
     corr = gemm_corrections(b, 0, 0, layout.a_offset)
     params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, None)
     args = [tvm.runtime.tensor(x, tvm.cpu()) for x in [a, pack_weights(corr.b_signed, layout), *params, np.zeros((m, n), np.int32)]]

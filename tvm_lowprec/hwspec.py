@@ -47,6 +47,11 @@ class GemmIntrin:
     a_operands: Mapping[str, AOperand]
     saturates: bool = False  # True would make results wrong for some inputs; rows must keep False
     features: tuple[str, ...] = ()
+    # None: exact for every int8 weight. An int: the instruction sums pairs of u8 x s8 products in
+    # int16, exact only when for each adjacent weight pair (k = 2j, 2j+1) the positive parts sum to at
+    # most this bound and the negative parts to at least minus it (255 * 128 = 32640 <= 32767).
+    # Such a row is used only for constant weights that pass :meth:`accepts`.
+    weight_pair_bound: int | None = None
 
     def __post_init__(self):
         if self.lanes * 32 != self.vector_bits:
@@ -58,6 +63,21 @@ class GemmIntrin:
         for dtype in self.a_operands:
             if dtype not in ("uint8", "int8"):
                 raise ValueError(f"{self.name}: activation dtype {dtype!r} is not 8-bit")
+
+    def accepts(self, b_signed) -> bool:
+        """Can this instruction multiply ``b_signed[K, N]`` (int8 values) exactly with any activations?"""
+        if self.weight_pair_bound is None:
+            return True
+        if b_signed is None:
+            return False  # runtime weights: cannot be checked at compile time
+        import numpy as np
+
+        b = np.asarray(b_signed, np.int32)
+        if b.shape[0] % 2:
+            b = np.concatenate([b, np.zeros((1, b.shape[1]), np.int32)])
+        pairs = b.reshape(b.shape[0] // 2, 2, b.shape[1])
+        pos, neg = np.clip(pairs, 0, None).sum(axis=1), np.clip(pairs, None, 0).sum(axis=1)
+        return bool(pos.max(initial=0) <= self.weight_pair_bound and neg.min(initial=0) >= -self.weight_pair_bound)
 
     def operand(self, a_dtype: str) -> AOperand:
         try:
@@ -89,6 +109,29 @@ class Tile:
 
 
 @dataclass(frozen=True)
+class GemmRecipe:
+    """An intrinsic with the tile table tuned for it."""
+
+    intrin: GemmIntrin
+    tiles: tuple[Tile, ...]
+
+    def __post_init__(self):
+        if not self.tiles or self.tiles[0].min_m != 1:
+            raise ValueError(f"{self.intrin.name}: the tile table must start with a row for min_m=1")
+        mins = [t.min_m for t in self.tiles]
+        if mins != sorted(mins):
+            raise ValueError(f"{self.intrin.name}: tile rows must be sorted by min_m")
+
+    def tile_for(self, m: int) -> Tile:
+        """The last row whose ``min_m`` is at most ``m`` (IREE-style: later rows refine)."""
+        chosen = self.tiles[0]
+        for row in self.tiles:
+            if row.min_m <= m:
+                chosen = row
+        return chosen
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A compilation target: the LLVM target, what the CPU must have, and the GEMM recipe."""
 
@@ -99,24 +142,27 @@ class TargetSpec:
     tiles: tuple[Tile, ...]
     description: str = ""
     aliases: tuple[str, ...] = field(default=())
+    # faster recipes tried before ``gemm``, each declining weights outside its pair bound
+    bounded: tuple[GemmRecipe, ...] = ()
 
     def __post_init__(self):
-        if not self.tiles or self.tiles[0].min_m != 1:
-            raise ValueError(f"{self.name}: the tile table must start with a row for min_m=1")
-        mins = [t.min_m for t in self.tiles]
-        if mins != sorted(mins):
-            raise ValueError(f"{self.name}: tile rows must be sorted by min_m")
-        missing = set(self.gemm.features) - set(self.features)
-        if missing:
-            raise ValueError(f"{self.name}: intrinsic {self.gemm.name} needs {sorted(missing)}")
+        default = GemmRecipe(self.gemm, self.tiles)  # validates the tile table
+        if self.gemm.weight_pair_bound is not None:
+            raise ValueError(f"{self.name}: the default intrinsic must be exact for every weight")
+        for recipe in (*self.bounded, default):
+            missing = set(recipe.intrin.features) - set(self.features)
+            if missing:
+                raise ValueError(f"{self.name}: intrinsic {recipe.intrin.name} needs {sorted(missing)}")
+
+    def recipes(self) -> tuple[GemmRecipe, ...]:
+        """In the order they are tried; the last one accepts every weight."""
+        return (*self.bounded, GemmRecipe(self.gemm, self.tiles))
+
+    def recipe_for(self, b_signed=None) -> GemmRecipe:
+        return next(r for r in self.recipes() if r.intrin.accepts(b_signed))
 
     def tile_for(self, m: int) -> Tile:
-        """The last row whose ``min_m`` is at most ``m`` (IREE-style: later rows refine)."""
-        chosen = self.tiles[0]
-        for row in self.tiles:
-            if row.min_m <= m:
-                chosen = row
-        return chosen
+        return GemmRecipe(self.gemm, self.tiles).tile_for(m)
 
     def tvm_target(self, num_cores: int | None = None):
         import tvm

@@ -6,7 +6,9 @@
   ``128 * colsum(B)`` in its epilogue: exact, no extra pass over A.
 - ``vpmaddwd`` (AVX2 / AVX-512BW without VNNI): ``C[lanes] += A[2]i16 . B[lanes,2]s8``. Operands are
   widened to int16 first, so products never saturate (``pmaddubsw``, the usual fallback, saturates
-  u8 x s8 pair sums to int16 and gives wrong results; it is deliberately absent here).
+  u8 x s8 pair sums to int16 and gives wrong results for full-range weights).
+- ``vpmaddubsw`` + ``vpmaddwd`` by ones: only for constant weights proven not to saturate (each pair's
+  positive and negative parts within 128); the row says so in ``weight_pair_bound`` and declines others.
 
 TVM's own ``dot_16x4_vnni`` passes ``int32x16`` operands, which the LLVM 22 inside the 0.27 wheel
 rejects; these impls pass byte vectors, as the intrinsic now expects.
@@ -96,6 +98,38 @@ def _pmaddwd_impl(lanes: int, llvm_name: str, b_dtype: str):
     return impl
 
 
+def _pmaddubsw_impl(lanes: int, a_dtype: str, llvm_ubsw: str, llvm_wd: str):
+    """u8 x s8 byte pairs summed in int16 (exact within the row's weight bound), then pairs to int32."""
+    kstep, nbytes = 4, lanes * 4
+    flip = a_dtype == "int8"
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((kstep,), a_dtype, offset_factor=1),
+        B: T.Buffer((lanes, kstep), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ):
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
+            T.writes(C[0:lanes])
+            a4 = T.reinterpret(A.vload([0], a_dtype + "x4"), dtype="int32")
+            a_b = T.broadcast(T.bitwise_xor(a4, T.int32(_SIGN_FLIP)) if flip else a4, lanes)
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_ubsw),
+                T.reinterpret(a_b, dtype=f"uint8x{nbytes}"),
+                B.vload([0, 0], dtype=f"int8x{nbytes}"),
+                dtype=f"int16x{lanes * 2}",
+            )
+            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_wd),
+                pairs,
+                T.broadcast(T.int16(1), lanes * 2),
+                dtype=f"int32x{lanes}",
+            )
+
+    return impl
+
+
 def _register(name, desc, impl):
     TensorIntrin.register(name, desc, impl, override=True)
     return name
@@ -123,6 +157,15 @@ def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...
     return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features)
 
 
+def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features: tuple[str, ...]) -> GemmIntrin:
+    operands = {}
+    for a_dtype, offset in (("uint8", 0), ("int8", 128)):
+        iname = f"lowprec_{name}_{a_dtype}_{lanes}x4"
+        _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _pmaddubsw_impl(lanes, a_dtype, llvm_ubsw, llvm_wd))
+        operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
+    return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features, weight_pair_bound=128)
+
+
 # One row per instruction shape. Names are what TargetSpec rows and Compiled.kernels() show.
 VNNI_512 = _vnni_row("vpdpbusd_zmm", 16, "llvm.x86.avx512.vpdpbusd.512", ("avx512f", "avx512bw", "avx512vnni"))
 # 256-bit vpdpbusd: LLVM selects the VEX (AVX-VNNI) encoding when AVX-512VL is absent.
@@ -130,4 +173,13 @@ VNNI_256 = _vnni_row("vpdpbusd_ymm", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx2",
 PMADDWD_512 = _pmaddwd_row("vpmaddwd_zmm", 16, "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw"))
 PMADDWD_256 = _pmaddwd_row("vpmaddwd_ymm", 8, "llvm.x86.avx2.pmadd.wd", ("avx2",))
 
-X86_INTRINSICS = {row.name: row for row in (VNNI_512, VNNI_256, PMADDWD_512, PMADDWD_256)}
+# vpmaddubsw sums two u8 x s8 products in int16: twice vpmaddwd's density, exact only for weights
+# whose pairs stay within 128 (7-bit weights always do: ONNX Runtime's reduce_range=True).
+PMADDUBSW_512 = _pmaddubsw_row(
+    "vpmaddubsw_zmm", 16, "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw")
+)
+PMADDUBSW_256 = _pmaddubsw_row("vpmaddubsw_ymm", 8, "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd", ("avx2",))
+
+X86_INTRINSICS = {
+    row.name: row for row in (VNNI_512, VNNI_256, PMADDWD_512, PMADDWD_256, PMADDUBSW_512, PMADDUBSW_256)
+}

@@ -107,9 +107,12 @@ class GemmLayout:
     kp: int
 
     @staticmethod
-    def choose(problem: QGemmProblem, spec: TargetSpec) -> "GemmLayout":
-        tile = spec.tile_for(problem.m)
-        gi = spec.gemm
+    def choose(problem: QGemmProblem, spec: TargetSpec, b_signed=None) -> "GemmLayout":
+        """Pick the first recipe that accepts the weights (``b_signed``: int8 values, or None when
+        they are only known at run time), then its tile for M."""
+        recipe = spec.recipe_for(b_signed)
+        tile = recipe.tile_for(problem.m)
+        gi = recipe.intrin
         operand = gi.operand(problem.a_dtype)
         mr = min(tile.mr, problem.m)
         nr = max(1, min(tile.nr, -(-problem.n // gi.lanes)))
@@ -285,6 +288,7 @@ def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
         "lowprec.intrin_row": layout.intrin_row,
         "lowprec.shape": [problem.m, problem.n, problem.k],
         "lowprec.tile": [layout.mr, layout.nr, layout.kblock],
+        "lowprec.vector": [layout.lanes, layout.kstep],
         "lowprec.b_storage": layout.b_storage,
         "lowprec.a_dtype": problem.a_dtype,
         "lowprec.epilogue": problem.epilogue.kind,

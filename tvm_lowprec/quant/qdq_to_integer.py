@@ -31,7 +31,7 @@ from .patterns import (
     static_shape,
 )
 from .requant import qrange
-from .zero_points import gemm_corrections, zero_point_coefficient
+from .zero_points import gemm_corrections, signed_weights, zero_point_coefficient
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
     row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
     runtime_za = match.x_zero_point_expr is not None
     problem = QGemmProblem(m, n, k, dtype_of(match.x), match.epilogue, row_term=row_term, runtime_a_zero_point=runtime_za)
-    layout = GemmLayout.choose(problem, spec)
+    layout = GemmLayout.choose(problem, spec, signed_weights(match.weight.values)[0])
     corr = gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, layout.a_offset, match.bias_int)
     zcoef = zero_point_coefficient(match.weight.values, match.weight.zero_point) if runtime_za else None
     name = f"qgemm_{problem.a_dtype[0]}8_{m}x{n}x{k}_{problem.epilogue.kind}{'_dynzp' if runtime_za else ''}"

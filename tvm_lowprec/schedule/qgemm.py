@@ -31,9 +31,10 @@ class QGemmRule:
             return None
         mr, nr, kblock = (int(x) for x in func.attrs["lowprec.tile"])
         intrin = str(func.attrs["lowprec.intrin"])
+        lanes, kstep = (int(x) for x in func.attrs["lowprec.vector"])
         sch = Schedule(func)
         self._prepare_inputs(sch)
-        self._gemm(sch, mr, nr, kblock, intrin, spec.gemm)
+        self._gemm(sch, mr, nr, kblock, intrin, lanes, kstep)
         return sch
 
     # Step 1. Prepared activations and row sums: parallel over rows, vectorized along K.
@@ -52,20 +53,20 @@ class QGemmRule:
 
     # Step 2. Tile, tensorize, fuse the epilogue.
     @staticmethod
-    def _gemm(sch, mr, nr, kblock, intrin, gi):
+    def _gemm(sch, mr, nr, kblock, intrin, lanes, kstep):
         block = sch.get_sblock("gemm")
         m, n, k = sch.get_loops(block)
         mo, mi = sch.split(m, [None, mr])
-        panel, g, lane = sch.split(n, [None, nr, gi.lanes])
+        panel, g, lane = sch.split(n, [None, nr, lanes])
         epi = sch.get_sblock("epilogue")
         if kblock:
-            ko, kb, ki = sch.split(k, [None, kblock // gi.kstep, gi.kstep])
+            ko, kb, ki = sch.split(k, [None, kblock // kstep, kstep])
             sch.reorder(panel, ko, mo, kb, mi, g, lane, ki)
             sch.parallel(panel)
             sch.decompose_reduction(block, ko)
             _fuse_epilogue(sch, epi, panel)
         else:
-            kb, ki = sch.split(k, [None, gi.kstep])
+            kb, ki = sch.split(k, [None, kstep])
             sch.reorder(panel, mo, kb, mi, g, lane, ki)
             sch.parallel(panel)
             sch.decompose_reduction(block, kb)
@@ -73,8 +74,8 @@ class QGemmRule:
         sch.tensorize(lane, intrin)
         sch.unroll(mi)
         sch.unroll(g)
-        _vectorize_inner(sch, sch.get_sblock("gemm_init"), gi.lanes)
-        _vectorize_inner(sch, epi, gi.lanes)
+        _vectorize_inner(sch, sch.get_sblock("gemm_init"), lanes)
+        _vectorize_inner(sch, epi, lanes)
 
 
 def _fuse_epilogue(sch, epi, loop):

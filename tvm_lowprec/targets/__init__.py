@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
-from ..hwspec import AOperand, GemmIntrin, TargetSpec, Tile
+from ..hwspec import AOperand, GemmIntrin, GemmRecipe, TargetSpec, Tile
 from .x86 import X86_TARGETS
 
 _REGISTRY: dict[str, TargetSpec] = {}
@@ -67,6 +67,7 @@ def native_target() -> TargetSpec:
                 features=spec.features,
                 gemm=spec.gemm,
                 tiles=spec.tiles,
+                bounded=spec.bounded,
                 description=f"this host ({cpu}) via {spec.name}",
             )
     raise RuntimeError(
@@ -110,6 +111,7 @@ def _spec_from_tvm_target(target) -> TargetSpec:
                 features=spec.features,
                 gemm=spec.gemm,
                 tiles=spec.tiles,
+                bounded=spec.bounded,
                 description=f"user target via {spec.name}",
             )
     raise ValueError(f"target {target} has none of the instruction sets tvm-lowprec needs (at least AVX2)")
@@ -118,6 +120,7 @@ def _spec_from_tvm_target(target) -> TargetSpec:
 __all__ = [
     "AOperand",
     "GemmIntrin",
+    "GemmRecipe",
     "TargetSpec",
     "Tile",
     "host_features",

@@ -1,7 +1,7 @@
 """x86 targets. One row per instruction set; tiles say why their numbers are what they are."""
 
-from ..intrin.x86 import PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_512
-from ..hwspec import TargetSpec, Tile
+from ..hwspec import GemmRecipe, TargetSpec, Tile
+from ..intrin.x86 import PMADDUBSW_256, PMADDUBSW_512, PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_512
 
 # vpdpbusd zmm issues 2 per cycle with ~4-5 cycle latency: 12+ independent accumulators reach peak
 # (measured on Zen 5), and the u8 operand cannot use a {1to16} memory broadcast, so several column
@@ -36,6 +36,21 @@ _MADD_ZMM_TILES = (
     Tile(6, mr=6, nr=4, wide_b=True, why="24 accumulators + 4 B + broadcast + temporary = 30 of 32 zmm"),
 )
 
+# vpmaddubsw + vpmaddwd(ones) accumulates through a temporary and keeps a ones vector: 2 registers
+# beyond accumulators, broadcast and B. Tiles measured on Zen 3 (tiles.py sweep, best of 7).
+# 1024^3: 5x2 172 GOPS, 4x2 168, 3x3 166, 4x3 164, 6x2 161 (spills); 16x768x3072: 4x2 173, 5x2 134
+# (M=16 pads to 20 rows); GEMV 1x3072x768: 1x8 90 (vs 70 with vpmaddwd), 1x12 94.
+_UBSW_YMM_TILES = (
+    Tile(1, mr=1, nr=8, why="GEMV: 8 accumulators + broadcast + temporary + ones"),
+    Tile(2, mr=2, nr=4, why="8 accumulators + 4 B + 3 = 15"),
+    Tile(4, mr=4, nr=2, why="8 accumulators + 2 B + 3 = 13; 4 divides the usual M"),
+)
+_UBSW_ZMM_TILES = (
+    Tile(1, mr=1, nr=8, why="GEMV"),
+    Tile(2, mr=2, nr=4, why="two rows share each B vector"),
+    Tile(6, mr=6, nr=3, why="18 accumulators + 3 B + 3 = 24 of 32 zmm"),
+)
+
 X86_TARGETS = (
     TargetSpec(
         name="x86-avx512-vnni",
@@ -60,6 +75,7 @@ X86_TARGETS = (
         features=("avx2", "avx512f", "avx512bw"),
         gemm=PMADDWD_512,
         tiles=_MADD_ZMM_TILES,
+        bounded=(GemmRecipe(PMADDUBSW_512, _UBSW_ZMM_TILES),),
         description="AVX-512BW without VNNI: exact int16 vpmaddwd zmm (never the saturating vpmaddubsw)",
     ),
     TargetSpec(
@@ -68,6 +84,7 @@ X86_TARGETS = (
         features=("avx2",),
         gemm=PMADDWD_256,
         tiles=_MADD_YMM_TILES,
+        bounded=(GemmRecipe(PMADDUBSW_256, _UBSW_YMM_TILES),),
         description="AVX2: exact int16 vpmaddwd ymm (never the saturating vpmaddubsw)",
     ),
 )
