@@ -10,8 +10,15 @@ python benchmarks/matmul_grid.py --providers tvm-lowprec,ort-qlinearmatmul --thr
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+# Several runtimes share this process and its two cores: their idle worker threads must sleep, not
+# spin, or the runtime timed next competes with the previous one's spinning workers (seen here:
+# torch at 2 threads fell to 0.07 GOPS). Set before any of them is imported; ORT: see ort_session.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 try:
     import tvm_lowprec.bench as bench
@@ -23,7 +30,7 @@ SQUARE = [(s, s, s) for s in (256, 512, 1024, 2048)]
 TRANSFORMER = [(m, n, k) for m in (1, 16, 128, 512) for n, k in ((3072, 768), (768, 3072), (4096, 4096))]
 DEFAULT_SHAPES = SQUARE + TRANSFORMER
 QUICK_SHAPES = [(256, 256, 256), (1, 3072, 768), (128, 768, 3072)]
-DEFAULT_PROVIDERS = ["tvm-lowprec", "ort-qlinearmatmul", "ort-matmulinteger", "torch-qlinear", "torch-int-mm",
+DEFAULT_PROVIDERS = ["tvm-lowprec", "tvm-lowprec-int8w", "ort-qlinearmatmul", "ort-matmulinteger", "torch-qlinear", "torch-int-mm",
                      "numpy-fp32"]
 
 

@@ -11,6 +11,7 @@ The user API::
 
 from __future__ import annotations
 
+from . import _threads  # noqa: F401  (sizes TVM's thread pool before anything runs)
 from . import intrin  # noqa: F401  (registers the tensor intrinsics)
 from .compiled import Compiled, InputSpec, KernelInfo
 from .errors import InputError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
@@ -46,7 +47,8 @@ def compile(mod, target="native", *, num_threads: int | None = None, requant_mod
         A registered name (``"x86-avx512-vnni"``, ``"x86-avx-vnni"``, ``"x86-avx512"``, ``"x86-avx2"``),
         ``"native"`` (this host's best row), a TVM target or its dict form.
     num_threads : int, optional
-        Threads of TVM's runtime pool for this model's calls (default: TVM's choice).
+        Threads of TVM's runtime pool for this model's calls (default: every CPU this process may use,
+        or ``TVM_NUM_THREADS``).
     requant_mode : {"float", "fixed_point"}
         Requantization arithmetic; see :class:`tvm_lowprec.Epilogue`.
 

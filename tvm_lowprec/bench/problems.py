@@ -55,7 +55,7 @@ class QGemmProblem:
         return m, n, k
 
 
-def make_problem(m: int, n: int, k: int, rng: np.random.Generator) -> QGemmProblem:
+def make_problem(m: int, n: int, k: int, rng: np.random.Generator, full_range: bool = False) -> QGemmProblem:
     """Draw uniform uint8 activations and 7-bit int8 weights; pick a non-saturating output scale.
 
     Parameters
@@ -64,13 +64,15 @@ def make_problem(m: int, n: int, k: int, rng: np.random.Generator) -> QGemmProbl
         GEMM shape: ``A`` is ``[m, k]``, ``B`` is ``[k, n]``.
     rng : numpy.random.Generator
         Source of the data; the same seed gives the same problem.
+    full_range : bool
+        Weights uniform over all of int8 (``[-128, 127]``) instead of 7-bit.
 
     Returns
     -------
     QGemmProblem
     """
     a = rng.integers(0, 256, size=(m, k), dtype=np.uint8)
-    b = rng.integers(B_LOW, B_HIGH, size=(k, n), dtype=np.int8)
+    b = rng.integers(-128 if full_range else B_LOW, 128 if full_range else B_HIGH, size=(k, n), dtype=np.int8)
     acc = (a.astype(np.float32) - A_ZERO_POINT) @ b.astype(np.float32)
     peak = max(float(np.abs(acc).max()), 1.0)
     y_scale = A_SCALE * B_SCALE * peak * _HEADROOM / 127.0
