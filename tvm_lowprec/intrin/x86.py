@@ -16,6 +16,7 @@ rejects; these impls pass byte vectors, as the intrinsic now expects.
 
 from __future__ import annotations
 
+from tvm import tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
@@ -46,7 +47,9 @@ def _dot_desc(lanes: int, kstep: int, a_dtype: str, a_offset: int, b_dtype: str 
     return desc
 
 
-def _vpdpbusd_impl(lanes: int, a_dtype: str, llvm_name: str):
+def _u8_broadcast_impl(lanes: int, a_dtype: str, product):
+    """Impl of the kstep-4 byte intrinsics: broadcast 4 activation bytes (sign-flipped to u8 for s8
+    activations), load 4*lanes weight bytes, ``C = product(a_u8, b_s8, C)``."""
     kstep, nbytes = 4, lanes * 4
     flip = a_dtype == "int8"
 
@@ -61,15 +64,31 @@ def _vpdpbusd_impl(lanes: int, a_dtype: str, llvm_name: str):
             T.writes(C[0:lanes])
             a4 = T.reinterpret(A.vload([0], a_dtype + "x4"), dtype="int32")
             a_b = T.broadcast(T.bitwise_xor(a4, T.int32(_SIGN_FLIP)) if flip else a4, lanes)
-            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(llvm_name),
-                C.vload([0], dtype=f"int32x{lanes}"),
+            C[T.ramp(T.int32(0), 1, lanes)] = product(
                 T.reinterpret(a_b, dtype=f"uint8x{nbytes}"),
                 B.vload([0, 0], dtype=f"int8x{nbytes}"),
-                dtype=f"int32x{lanes}",
+                C.vload([0], dtype=f"int32x{lanes}"),
             )
 
     return impl
+
+
+def _vpdpbusd(lanes: int, llvm_name: str):
+    def product(a, b, c):
+        return tirx.call_llvm_pure_intrin(f"int32x{lanes}", llvm_name, c, a, b)
+
+    return product
+
+
+def _pmaddubsw(lanes: int, llvm_ubsw: str, llvm_wd: str):
+    """u8 x s8 byte pairs summed in int16 (exact within the row's weight bound), then pairs to int32."""
+
+    def product(a, b, c):
+        pairs = tirx.call_llvm_pure_intrin(f"int16x{lanes * 2}", llvm_ubsw, a, b)
+        ones = tirx.Broadcast(tirx.const(1, "int16"), lanes * 2)
+        return c + tirx.call_llvm_pure_intrin(f"int32x{lanes}", llvm_wd, pairs, ones)
+
+    return product
 
 
 def _pmaddwd_impl(lanes: int, llvm_name: str, b_dtype: str):
@@ -98,38 +117,6 @@ def _pmaddwd_impl(lanes: int, llvm_name: str, b_dtype: str):
     return impl
 
 
-def _pmaddubsw_impl(lanes: int, a_dtype: str, llvm_ubsw: str, llvm_wd: str):
-    """u8 x s8 byte pairs summed in int16 (exact within the row's weight bound), then pairs to int32."""
-    kstep, nbytes = 4, lanes * 4
-    flip = a_dtype == "int8"
-
-    @T.prim_func(s_tir=True)
-    def impl(
-        A: T.Buffer((kstep,), a_dtype, offset_factor=1),
-        B: T.Buffer((lanes, kstep), "int8", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1),
-    ):
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
-            T.writes(C[0:lanes])
-            a4 = T.reinterpret(A.vload([0], a_dtype + "x4"), dtype="int32")
-            a_b = T.broadcast(T.bitwise_xor(a4, T.int32(_SIGN_FLIP)) if flip else a4, lanes)
-            pairs = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(llvm_ubsw),
-                T.reinterpret(a_b, dtype=f"uint8x{nbytes}"),
-                B.vload([0, 0], dtype=f"int8x{nbytes}"),
-                dtype=f"int16x{lanes * 2}",
-            )
-            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(llvm_wd),
-                pairs,
-                T.broadcast(T.int16(1), lanes * 2),
-                dtype=f"int32x{lanes}",
-            )
-
-    return impl
-
-
 def _register(name, desc, impl):
     TensorIntrin.register(name, desc, impl, override=True)
     return name
@@ -139,7 +126,7 @@ def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) 
     operands = {}
     for a_dtype, offset in (("uint8", 0), ("int8", 128)):
         iname = f"lowprec_{name}_{a_dtype}_{lanes}x4"
-        _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _vpdpbusd_impl(lanes, a_dtype, llvm_name))
+        _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _u8_broadcast_impl(lanes, a_dtype, _vpdpbusd(lanes, llvm_name)))
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
     return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features)
 
@@ -161,7 +148,8 @@ def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features
     operands = {}
     for a_dtype, offset in (("uint8", 0), ("int8", 128)):
         iname = f"lowprec_{name}_{a_dtype}_{lanes}x4"
-        _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _pmaddubsw_impl(lanes, a_dtype, llvm_ubsw, llvm_wd))
+        product = _pmaddubsw(lanes, llvm_ubsw, llvm_wd)
+        _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _u8_broadcast_impl(lanes, a_dtype, product))
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
     return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features, weight_pair_bound=128)
 
