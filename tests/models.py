@@ -90,3 +90,57 @@ def qlinear_matmul(m, k, n, *, a_dtype="uint8", b_dtype="int8", per_column=False
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def fp32_cnn(shape=(1, 3, 16, 16), seed=0) -> onnx.ModelProto:
+    """Conv3x3+Relu -> Conv3x3 stride 2 (dilation 1) + bias -> Conv1x1 -> Clip(0, 6): a tiny CNN."""
+    rng = np.random.default_rng(seed)
+    c_in = shape[1]
+    layers = [(8, 3, dict(pads=[1, 1, 1, 1]), "relu"), (16, 3, dict(strides=[2, 2], pads=[0, 1, 1, 0]), None),
+              (8, 1, {}, "clip")]
+    nodes, inits, prev = [], [], "x"
+    for i, (c_out, k, attrs, act) in enumerate(layers):
+        w = (rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k)).astype(np.float32)
+        b = (rng.standard_normal(c_out) * 0.1).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes.append(helper.make_node("Conv", [prev, f"W{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", **attrs))
+        prev = f"c{i}"
+        if act == "relu":
+            nodes.append(helper.make_node("Relu", [prev], [f"r{i}"], name=f"relu{i}"))
+            prev = f"r{i}"
+        elif act == "clip":
+            inits += [numpy_helper.from_array(np.float32(0), f"lo{i}"), numpy_helper.from_array(np.float32(6), f"hi{i}")]
+            nodes.append(helper.make_node("Clip", [prev, f"lo{i}", f"hi{i}"], [f"r{i}"], name=f"clip{i}"))
+            prev = f"r{i}"
+        c_in = c_out
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def qlinear_conv(x_shape, c_out, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True,
+                 per_channel=True, x_dtype="uint8", seed=0) -> onnx.ModelProto:
+    """One QLinearConv with constant weights (int8, per output channel) and an int32 bias."""
+    rng = np.random.default_rng(seed)
+    c_in = x_shape[1]
+    w = rng.integers(-127, 128, (c_out, c_in, *kernel)).astype(np.int8)
+    sw = (rng.random(c_out) * 0.01 + 0.005).astype(np.float32) if per_channel else np.float32(0.01)
+    zw = np.zeros(c_out, np.int8) if per_channel else np.array(0, np.int8)
+    sx, zx = np.float32(0.02), np.array(7 if x_dtype == "uint8" else -3, x_dtype)
+    depth = c_in * kernel[0] * kernel[1]
+    sy = np.float32(np.sqrt(depth) * 128 * 70 * 0.02 * 0.0075 / 90)
+    zy = np.array(120 if x_dtype == "uint8" else 0, x_dtype)
+    names = ["x", "sx", "zx", "W", "sw", "zw", "sy", "zy"]
+    inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names[1:], [sx, zx, w, sw, zw, sy, zy])]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.integers(-3000, 3000, c_out).astype(np.int32), "B"))
+        names.append("B")
+    node = helper.make_node("QLinearConv", names, ["y"], name="qconv", strides=list(strides), pads=list(pads),
+                            dilations=list(dilations), kernel_shape=list(kernel))
+    elem = TensorProto.UINT8 if x_dtype == "uint8" else TensorProto.INT8
+    graph = helper.make_graph([node], "qconv", [helper.make_tensor_value_info("x", elem, list(x_shape))],
+                              [helper.make_tensor_value_info("y", elem, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])

@@ -78,15 +78,15 @@ def test_vnni_targets_emit_vpdpbusd_for_a_whole_model(target):
 
 
 def test_unsupported_operator_is_named_with_its_node():
-    x = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 8, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.UINT8, None)
-    node = helper.make_node("QLinearConv", ["x", "s", "z", "w", "s", "z", "s", "z"], ["y"], name="conv_7")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("DeformConv", ["x", "w", "offset"], ["y"], name="conv_7")
     node2 = helper.make_node("FancyOp", ["y"], ["z"], name="fancy", domain="com.example")
     graph = helper.make_graph([node, node2], "g", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.example", 1)])
     with pytest.raises(UnsupportedOperatorError) as err:
         tvm_lowprec.from_onnx(model)
-    assert "QLinearConv" in str(err.value) and "conv_7" in str(err.value)
+    assert "DeformConv" in str(err.value) and "conv_7" in str(err.value)
     assert "com.example::FancyOp" in str(err.value) and "fancy" in str(err.value)
 
 

@@ -50,13 +50,14 @@ def test_as_shipped(case):
     _check(case.model, inputs, expected)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if "matmul" in c.name], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if "matmul" in c.name or "conv" in c.name], ids=lambda c: c.name)
 def test_with_constant_weights(case):
     inputs, expected = case.data_sets[0]
     model, runtime_inputs = _bind_all_but_first(case.model, inputs)
     compiled = _check(model, runtime_inputs, expected)
-    if np.asarray(inputs[3 if "qlinear" in case.name else 1]).ndim != 2:
+    if np.asarray(inputs[3 if "qlinear" in case.name else 1]).ndim == 3:
         return  # a 3-D constant B is a batch of different weights: the generic exact path
     gemms = [k for k in compiled.kernels() if k.op == "qgemm"]
+    assert all(k.name.startswith("qconv2d") == ("conv" in case.name) for k in gemms)
     assert gemms, "constant weights must take the tensorized integer kernel"
     assert all(k.intrinsic.startswith("lowprec_") for k in gemms)

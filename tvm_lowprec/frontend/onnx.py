@@ -13,13 +13,12 @@ from collections import defaultdict
 import onnx
 
 from ..errors import UnsupportedOperatorError
+from .converters import EXTRA_CONVERTERS, extra_converters
 from .qoperator import QOPERATOR_REWRITES, rewrite_qoperators
 
 # Blocked quantization (block_size attribute) and other unsupported QOperator ops are reported here
 # rather than deep inside the importer.
 KNOWN_UNSUPPORTED = {
-    "QLinearConv": "quantized convolutions are not supported yet",
-    "ConvInteger": "quantized convolutions are not supported yet",
     "QGemm": "com.microsoft QGemm is not supported; export QDQ (quantize_static with QuantFormat.QDQ)",
 }
 
@@ -37,7 +36,7 @@ def _load(model_or_path) -> onnx.ModelProto:
 def supported_operators() -> set[str]:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    return (set(_get_convert_map()) | set(QOPERATOR_REWRITES)) - set(KNOWN_UNSUPPORTED)
+    return (set(_get_convert_map()) | set(QOPERATOR_REWRITES) | set(EXTRA_CONVERTERS)) - set(KNOWN_UNSUPPORTED)
 
 
 def check_operators(model: onnx.ModelProto) -> None:
@@ -92,7 +91,8 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
     check_operators(model)
     model = rewrite_qoperators(model)
     names = [vi.name for vi in _graph_inputs(model)]
-    mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+    with extra_converters():
+        mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
     main = mod["main"].with_attr("lowprec.input_names", names)
     mod.update_func(mod.get_global_var("main"), main)
     return mod

@@ -1,7 +1,8 @@
 """ONNX-level rewrite of QOperator nodes into the QDQ form TVM's importer reads.
 
 ``QLinearMatMul(a, sa, za, b, sb, zb, sy, zy)`` becomes ``QuantizeLinear(MatMul(DQ(a), DQ(b)), sy, zy)``,
-the same computation by the ONNX definition. The integer rewrite (:mod:`tvm_lowprec.quant.qdq_to_integer`)
+and ``QLinearConv`` likewise ``Q(Conv(DQ(x), DQ(w)[, DQ(bias)]))``: the same computations by the ONNX
+definitions. The integer rewrite (:mod:`tvm_lowprec.quant.qdq_to_integer`)
 turns it back into one integer kernel. Runs before import; one function per operator, found in a table.
 """
 
@@ -30,8 +31,28 @@ def _qlinear_matmul(node, ranks):
     ]
 
 
+def _qlinear_conv(node, ranks):
+    """QLinearConv(x, sx, zx, w, sw, zw, sy, zy[, B]) = Q(Conv(DQ(x), DQ(w, axis 0)[, DQ(B, sx*sw)]))."""
+    x, sx, zx, w, sw, zw, sy, zy = node.input[:8]
+    bias = node.input[8] if len(node.input) > 8 and node.input[8] else None
+    base = node.name or node.output[0]
+    x_f, w_f, y_f = f"{base}__x_dq", f"{base}__w_dq", f"{base}__y_f32"
+    nodes = [_dq(x_f, x, sx, zx), _dq(w_f, w, sw, zw, axis=0)]
+    conv_inputs = [x_f, w_f]
+    if bias is not None:  # int32 bias at scale x_scale * w_scale (per output channel), zero point 0
+        b_scale, b_f = f"{base}__b_scale", f"{base}__b_dq"
+        nodes.append(helper.make_node("Mul", [sx, sw], [b_scale], name=b_scale))
+        nodes.append(helper.make_node("DequantizeLinear", [bias, b_scale], [b_f], name=b_f, axis=0))
+        conv_inputs.append(b_f)
+    conv = helper.make_node("Conv", conv_inputs, [y_f], name=f"{base}__conv")
+    conv.attribute.extend(node.attribute)
+    nodes += [conv, helper.make_node("QuantizeLinear", [y_f, sy, zy], list(node.output), name=f"{base}__q")]
+    return nodes
+
+
 QOPERATOR_REWRITES = {
     "QLinearMatMul": _qlinear_matmul,
+    "QLinearConv": _qlinear_conv,
 }
 
 

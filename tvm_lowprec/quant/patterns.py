@@ -32,13 +32,22 @@ def call_of(expr, name: str, lookup):
     return None
 
 
+_FOLDABLE = {"relax.multiply": np.multiply, "relax.divide": np.divide}
+
+
 def constant(expr, lookup=None) -> np.ndarray | None:
+    """The value of a constant, also through a var binding and constant ``multiply``/``divide``
+    (an importer's ``x_scale * w_scale``, folded later by FoldConstant)."""
     if lookup is not None and isinstance(expr, relax.Var):
         bound = lookup(expr)
         if bound is not None:
             expr = bound
     if isinstance(expr, tvm.ir.expr.Constant):
         return expr.value.numpy()
+    if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) in _FOLDABLE and lookup is not None:
+        values = [constant(a, lookup) for a in expr.args]
+        if all(v is not None for v in values):
+            return _FOLDABLE[expr.op.name](*values).astype(values[0].dtype)
     return None
 
 
@@ -117,6 +126,18 @@ def _per_column(p: QParams, values_shape, col_axis: int) -> bool:
     return p.per_tensor or (p.axis % len(values_shape) == col_axis and p.scale.shape == (values_shape[col_axis],))
 
 
+def _dequantized_constant(expr, lookup, ndim: int, what: str):
+    """(8-bit constant of rank ``ndim``, its constant QParams) under a dequantize, or (None, None)."""
+    dq = call_of(expr, "dequantize", lookup)
+    if dq is None:
+        return None, None
+    w = constant(dq.args[0], lookup)
+    if w is None or w.ndim != ndim or w.dtype not in (np.int8, np.uint8):
+        return None, None
+    p = qparams(dq, lookup, what)
+    return (w, p) if p is not None else (None, None)
+
+
 def dequantized_weight(expr, lookup) -> ConstWeight | None:
     """``dequantize(W)`` or ``permute_dims(dequantize(W))`` with W a 2-D integer constant."""
     transposed = False
@@ -126,14 +147,8 @@ def dequantized_weight(expr, lookup) -> ConstWeight | None:
         if axes is not None and [int(a) for a in axes] != [1, 0]:
             return None
         transposed, expr = True, perm.args[0]
-    dq = call_of(expr, "dequantize", lookup)
-    if dq is None:
-        return None
-    w = constant(dq.args[0], lookup)
-    if w is None or w.ndim != 2 or w.dtype not in (np.int8, np.uint8):
-        return None
-    p = qparams(dq, lookup, "weight dequantize")
-    if p is None:
+    w, p = _dequantized_constant(expr, lookup, 2, "weight dequantize")
+    if w is None:
         return None
     col_axis = 0 if transposed else 1
     if not _per_column(p, w.shape, col_axis):
@@ -141,3 +156,54 @@ def dequantized_weight(expr, lookup) -> ConstWeight | None:
     if transposed:
         w = np.ascontiguousarray(w.T)
     return ConstWeight(w, p.scale, p.zero_point)
+
+
+def dequantized_conv_weight(expr, lookup) -> ConstWeight | None:
+    """``dequantize(W)`` with W a constant ``[OC, C, KH, KW]`` -> ``[C*KH*KW, OC]`` GEMM weights."""
+    w, p = _dequantized_constant(expr, lookup, 4, "convolution weight dequantize")
+    if w is None or not _per_column(p, w.shape, 0):
+        return None
+    return ConstWeight(np.ascontiguousarray(w.reshape(w.shape[0], -1).T), p.scale, p.zero_point)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A 2-D NCHW/OIHW convolution with one group, as the im2col GEMM sees it."""
+
+    batch: int
+    channels: int
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.out_hw[0] * self.out_hw[1]
+
+    @property
+    def depth(self) -> int:
+        return self.channels * self.kernel[0] * self.kernel[1]
+
+
+def conv_geometry(conv) -> ConvGeometry | None:
+    attrs = conv.attrs
+    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" or int(attrs.groups) != 1:
+        return None
+    x_shape, w_shape, y_shape = static_shape(conv.args[0]), static_shape(conv.args[1]), static_shape(conv)
+    if x_shape is None or w_shape is None or y_shape is None or len(x_shape) != 4:
+        return None
+    pad = [int(p) for p in attrs.padding]
+    pad = pad * 2 if len(pad) == 2 else pad
+    return ConvGeometry(
+        batch=x_shape[0],
+        channels=x_shape[1],
+        in_hw=(x_shape[2], x_shape[3]),
+        out_hw=(y_shape[2], y_shape[3]),
+        kernel=(w_shape[2], w_shape[3]),
+        strides=tuple(int(s) for s in attrs.strides),
+        padding=tuple(pad),
+        dilation=tuple(int(d) for d in attrs.dilation),
+    )

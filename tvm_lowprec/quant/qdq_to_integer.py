@@ -21,10 +21,13 @@ from ..kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm, epi
 from ..targets import TargetSpec
 from .patterns import (
     ConstWeight,
+    ConvGeometry,
     QParams,
     call_of,
     constant,
+    conv_geometry,
     dequantized_activation,
+    dequantized_conv_weight,
     dequantized_weight,
     dtype_of,
     qparams,
@@ -44,6 +47,7 @@ class QGemmMatch:
     epilogue: Epilogue
     mult: np.ndarray | None  # float32 [N] requantization multiplier
     x_zero_point_expr: relax.Expr | None = None  # a runtime activation zero point (dynamic quantization)
+    conv: ConvGeometry | None = None  # a convolution, computed as im2col + GEMM
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,8 +80,21 @@ def _activation_bounds(expr, lookup):
         return expr, lo, hi
 
 
+def _peel(expr, lookup, names=("reshape", "expand_dims")):
+    """Look through shape-only calls (a conv bias arrives as ``reshape(b, [1, C, 1, 1])``)."""
+    while True:
+        for name in names:
+            call = call_of(expr, name, lookup)
+            if call is not None:
+                expr = call.args[0]
+                break
+        else:
+            return expr
+
+
 def _bias(expr, lookup, acc_scale):
     """A constant bias ([N] float, or dequantize of int32) in accumulator units."""
+    expr = _peel(expr, lookup)
     dq = call_of(expr, "dequantize", lookup)
     if dq is not None:
         values = constant(dq.args[0], lookup)
@@ -95,19 +112,40 @@ def _bias(expr, lookup, acc_scale):
     return np.rint(real / acc_scale.astype(np.float64)).astype(np.int64)
 
 
-def _matmul_operands(expr, lookup):
-    """(matmul call, bias expr or None) for ``matmul`` or ``add(matmul, bias)`` in either order."""
+_LINEAR_OPS = ("matmul", "nn.conv2d")
+
+
+def _linear_call(expr, lookup):
+    for name in _LINEAR_OPS:
+        core = call_of(expr, name, lookup)
+        if core is not None:
+            return core
+    return None
+
+
+def _linear_operands(expr, lookup):
+    """(matmul or conv2d call, bias expr or None), also through ``add(core, bias)`` in either order."""
     add = call_of(expr, "add", lookup)
     if add is not None:
-        for mm_side, bias_side in ((0, 1), (1, 0)):
-            mm = call_of(add.args[mm_side], "matmul", lookup)
-            if mm is not None:
-                return mm, add.args[bias_side]
+        for core_side, bias_side in ((0, 1), (1, 0)):
+            core = _linear_call(add.args[core_side], lookup)
+            if core is not None:
+                return core, add.args[bias_side]
         return None, None
-    return call_of(expr, "matmul", lookup), None
+    return _linear_call(expr, lookup), None
 
 
-def match_requantized_matmul(call, lookup, mode: str) -> QGemmMatch | None:
+def _const_weight(core, lookup):
+    """(GEMM weights, conv geometry or None) of a matmul or conv2d whose weight is a dequantized constant."""
+    if core.op.same_as(tvm.ir.Op.get("relax.matmul")):
+        return dequantized_weight(core.args[1], lookup), None
+    geometry = conv_geometry(core)
+    if geometry is None:
+        return None, None
+    return dequantized_conv_weight(core.args[1], lookup), geometry
+
+
+def match_requantized_linear(call, lookup, mode: str) -> QGemmMatch | None:
     if not call.op.same_as(tvm.ir.Op.get("relax.quantize")):
         return None
     out_dtype = str(call.attrs.out_dtype)
@@ -115,11 +153,11 @@ def match_requantized_matmul(call, lookup, mode: str) -> QGemmMatch | None:
     if out is None or not out.per_tensor or out_dtype not in ("uint8", "int8"):
         return None
     inner, lo, hi = _activation_bounds(call.args[0], lookup)
-    mm, bias_expr = _matmul_operands(inner, lookup)
-    if mm is None:
+    core, bias_expr = _linear_operands(inner, lookup)
+    if core is None:
         return None
-    x = dequantized_activation(mm.args[0], lookup)
-    w = dequantized_weight(mm.args[1], lookup)
+    x = dequantized_activation(core.args[0], lookup)
+    w, geometry = _const_weight(core, lookup)
     if x is None or w is None:
         return None
     n = w.values.shape[1]
@@ -137,6 +175,7 @@ def match_requantized_matmul(call, lookup, mode: str) -> QGemmMatch | None:
         bias_int=bias,
         epilogue=_requant_epilogue(out, out_dtype, lo, hi, mode),
         mult=(acc_scale / np.float32(out.scale)).astype(np.float32),
+        conv=geometry,
     )
 
 
@@ -160,18 +199,7 @@ def _requant_epilogue(out: QParams, out_dtype: str, lo: float, hi: float, mode: 
 
 def _peeled_constant(expr, lookup):
     """A constant seen through astype / expand_dims / reshape (how importers shape zero points)."""
-    for _ in range(4):
-        value = constant(expr, lookup)
-        if value is not None:
-            return value
-        for name in ("astype", "expand_dims", "reshape"):
-            call = call_of(expr, name, lookup)
-            if call is not None:
-                expr = call.args[0]
-                break
-        else:
-            return None
-    return None
+    return constant(_peel(expr, lookup, ("astype", "expand_dims", "reshape")), lookup)
 
 
 def _widened(expr, lookup):
@@ -192,8 +220,9 @@ def _widened(expr, lookup):
     return cast.args[0], (None if zp is None else np.asarray(zp, np.int64)), zp_expr
 
 
-def match_matmul_integer(call, lookup, mode: str) -> QGemmMatch | None:
-    if not call.op.same_as(tvm.ir.Op.get("relax.matmul")) or dtype_of(call) != "int32":
+def match_integer_linear(call, lookup, mode: str) -> QGemmMatch | None:
+    """MatMulInteger / ConvInteger: an int32 matmul or conv2d of widened, shifted 8-bit operands."""
+    if _linear_call(call, lambda v: None) is None or dtype_of(call) != "int32":
         return None
     a, b = _widened(call.args[0], lookup), _widened(call.args[1], lookup)
     if a is None or b is None or b[1] is None:
@@ -203,6 +232,12 @@ def match_matmul_integer(call, lookup, mode: str) -> QGemmMatch | None:
     if a[2] is not None and not _scalar_like(a[2]):
         return None
     w = constant(b[0], lookup)
+    geometry = None
+    if w is not None and w.ndim == 4 and call.op.same_as(tvm.ir.Op.get("relax.nn.conv2d")):
+        geometry = conv_geometry(call)
+        if geometry is None or a[2] is not None:
+            return None  # the im2col padding needs a constant activation zero point
+        w = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
     if w is None or w.ndim != 2:
         return None
     n = w.shape[1]
@@ -211,7 +246,7 @@ def match_matmul_integer(call, lookup, mode: str) -> QGemmMatch | None:
         return None
     weight = ConstWeight(w, np.ones((), np.float32), zw if zw.size > 1 else zw.reshape(()))
     za = 0 if a[1] is None else int(a[1].reshape(()))
-    return QGemmMatch(a[0], za, np.ones(n, np.float32), weight, None, Epilogue("int32"), None, a[2])
+    return QGemmMatch(a[0], za, np.ones(n, np.float32), weight, None, Epilogue("int32"), None, a[2], geometry)
 
 
 @dataclass(frozen=True)
@@ -227,12 +262,13 @@ class RuntimeQMatmul:
     x_q: relax.Call  # the dequantize calls and the quantize call, for their parameters
     w_q: relax.Call
     out_q: relax.Call
+    core: relax.Call  # the matmul or conv2d, for its attributes
 
 
-def match_runtime_qmatmul(call, lookup, mode: str):
+def match_runtime_qlinear(call, lookup, mode: str):
     if not call.op.same_as(tvm.ir.Op.get("relax.quantize")) or str(call.attrs.out_dtype) not in ("uint8", "int8"):
         return None
-    mm = call_of(call.args[0], "matmul", lookup)
+    mm = _linear_call(call.args[0], lookup)
     if mm is None:
         return None
     dx, dw = call_of(mm.args[0], "dequantize", lookup), call_of(mm.args[1], "dequantize", lookup)
@@ -244,7 +280,7 @@ def match_runtime_qmatmul(call, lookup, mode: str):
         return None  # per-axis activation or output parameters: not a matmul requantization
     if not (_scalar_like(dw.args[1]) and _scalar_like(dw.args[2])):
         return None
-    return RuntimeQMatmul(dx.args[0], dw.args[0], dx, dw, call)
+    return RuntimeQMatmul(dx.args[0], dw.args[0], dx, dw, call, mm)
 
 
 def _scalar_like(expr) -> bool:
@@ -252,38 +288,78 @@ def _scalar_like(expr) -> bool:
     return shape is not None and int(np.prod(shape)) == 1
 
 
-MATCHERS = (match_requantized_matmul, match_matmul_integer, match_runtime_qmatmul)
+MATCHERS = (match_requantized_linear, match_integer_linear, match_runtime_qlinear)
 
 
 # ---------------------------------------------------------------------------------------------
 # Step 2. Emit: QGemmMatch -> reshape + call_tir(qgemm) + reshape
 
 
-def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
+def _im2col(builder, x, geometry: ConvGeometry, pad_value: int):
+    """``cols[(b, oh, ow), (c, kh, kw)]``, padded with the activation zero point (real zero)."""
+    from tvm import te, tirx
+
+    g = geometry
+    (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = g.out_hw, g.kernel, g.strides, g.dilation
+    top, left = g.padding[0], g.padding[1]
+    h_n, w_n = g.in_hw
+
+    def compute(data):
+        def element(r, c):
+            b, rest = r // (oh_n * ow_n), r % (oh_n * ow_n)
+            ci, kk = c // (kh_n * kw_n), c % (kh_n * kw_n)
+            ih = (rest // ow_n) * sh + (kk // kw_n) * dh - top
+            iw = (rest % ow_n) * sw + (kk % kw_n) * dw - left
+            inside = tirx.all(ih >= 0, ih < h_n, iw >= 0, iw < w_n)
+            safe_h, safe_w = tirx.max(tirx.min(ih, h_n - 1), 0), tirx.max(tirx.min(iw, w_n - 1), 0)
+            return tirx.if_then_else(inside, data[b, ci, safe_h, safe_w], tirx.const(pad_value, data.dtype))
+
+        return te.compute((g.rows, g.depth), element, name="im2col")
+
+    return builder.emit(builder.call_te(compute, x, primfunc_name_hint="im2col"))
+
+
+def _gemm_input(builder, match: QGemmMatch):
+    """(2-D activation [M, K], shape to restore the output with or None, output permutation)."""
+    if match.conv is not None:
+        g = match.conv
+        if static_shape(match.x) != (g.batch, g.channels, *g.in_hw):
+            return None, None, None
+        x2 = _im2col(builder, match.x, g, match.x_zero_point)
+        return x2, (g.batch, *g.out_hw), (0, 3, 1, 2)  # [B*OH*OW, OC] -> NCHW
     xshape = static_shape(match.x)
     if xshape is None or len(xshape) < 2:
-        return None  # dynamic shapes stay on the generic path
-    k, n = match.weight.values.shape
-    if xshape[-1] != k:
-        return None
+        return None, None, None  # dynamic shapes stay on the generic path
     m = int(np.prod(xshape[:-1]))
+    x2 = match.x if len(xshape) == 2 else builder.emit(relax.op.reshape(match.x, (m, xshape[-1])))
+    return x2, (xshape[:-1] if len(xshape) != 2 else None), None
+
+
+def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
+    k, n = match.weight.values.shape
+    x2, out_lead, perm = _gemm_input(builder, match)
+    if x2 is None or static_shape(x2)[-1] != k:
+        return None
+    m = static_shape(x2)[0]
     row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
     runtime_za = match.x_zero_point_expr is not None
     problem = QGemmProblem(m, n, k, dtype_of(match.x), match.epilogue, row_term=row_term, runtime_a_zero_point=runtime_za)
     layout = GemmLayout.choose(problem, spec, signed_weights(match.weight.values)[0])
     corr = gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, layout.a_offset, match.bias_int)
     zcoef = zero_point_coefficient(match.weight.values, match.weight.zero_point) if runtime_za else None
-    name = f"qgemm_{problem.a_dtype[0]}8_{m}x{n}x{k}_{problem.epilogue.kind}{'_dynzp' if runtime_za else ''}"
+    kind = "qconv2d" if match.conv is not None else "qgemm"
+    name = f"{kind}_{problem.a_dtype[0]}8_{m}x{n}x{k}_{problem.epilogue.kind}{'_dynzp' if runtime_za else ''}"
     gvar = builder.add_func(build_qgemm(problem, layout, name).with_attr("op_pattern", 8), name)
     params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, match.mult, zcoef=zcoef)
-    x2 = match.x if len(xshape) == 2 else builder.emit(relax.op.reshape(match.x, (m, k)))
     args = [x2]
     if runtime_za:
         args.append(builder.emit(relax.op.reshape(relax.op.astype(match.x_zero_point_expr, "int32"), (1,))))
     args += [relax.const(pack_weights(corr.b_signed, layout))] + [relax.const(p) for p in params]
     y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((m, n), problem.epilogue.out_dtype)))
-    if len(xshape) != 2:
-        y = builder.emit(relax.op.reshape(y, (*xshape[:-1], n)))
+    if out_lead is not None:
+        y = builder.emit(relax.op.reshape(y, (*out_lead, n)))
+    if perm is not None:
+        y = builder.emit(relax.op.permute_dims(y, perm))
     return y
 
 
@@ -295,9 +371,15 @@ def emit_runtime_qmatmul(builder, match: RuntimeQMatmul, spec: TargetSpec):
     def shifted(data, zp):
         return builder.emit(relax.op.subtract(relax.op.astype(data, "int32"), _as_scalar(builder, zp, "int32")))
 
-    acc = builder.emit(
-        relax.op.matmul(shifted(match.x, match.x_q.args[2]), shifted(match.w, match.w_q.args[2]), out_dtype="int32")
-    )
+    x32, w32 = shifted(match.x, match.x_q.args[2]), shifted(match.w, match.w_q.args[2])
+    if match.core.op.same_as(tvm.ir.Op.get("relax.matmul")):
+        acc = builder.emit(relax.op.matmul(x32, w32, out_dtype="int32"))
+    else:
+        a = match.core.attrs
+        acc = builder.emit(
+            relax.op.nn.conv2d(x32, w32, a.strides, a.padding, a.dilation, a.groups, a.data_layout, a.kernel_layout,
+                               a.out_layout, out_dtype="int32")
+        )
     sx, sw, sy = (relax.op.reshape(q.args[1], ()) for q in (match.x_q, match.w_q, match.out_q))
     # the multiplier in the scales' own dtype (as onnx.reference computes it), the product in float64
     mult = builder.emit(relax.op.astype(relax.op.divide(relax.op.multiply(sx, sw), sy), "float64"))
