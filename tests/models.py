@@ -93,14 +93,15 @@ def qlinear_matmul(m, k, n, *, a_dtype="uint8", b_dtype="int8", per_column=False
 
 
 def fp32_cnn(shape=(1, 3, 16, 16), seed=0) -> onnx.ModelProto:
-    """Conv3x3+Relu -> Conv3x3 stride 2 (dilation 1) + bias -> Conv1x1 -> Clip(0, 6): a tiny CNN."""
+    """Conv3x3+Relu -> depthwise Conv3x3+Relu -> Conv3x3 stride 2 + bias -> Conv1x1 -> Clip(0, 6)."""
     rng = np.random.default_rng(seed)
     c_in = shape[1]
-    layers = [(8, 3, dict(pads=[1, 1, 1, 1]), "relu"), (16, 3, dict(strides=[2, 2], pads=[0, 1, 1, 0]), None),
-              (8, 1, {}, "clip")]
+    layers = [(8, 3, dict(pads=[1, 1, 1, 1]), "relu"), (8, 3, dict(pads=[1, 1, 1, 1], group=8), "relu"),
+              (16, 3, dict(strides=[2, 2], pads=[0, 1, 1, 0]), None), (8, 1, {}, "clip")]
     nodes, inits, prev = [], [], "x"
     for i, (c_out, k, attrs, act) in enumerate(layers):
-        w = (rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k)).astype(np.float32)
+        fan_in = c_in // attrs.get("group", 1)
+        w = (rng.standard_normal((c_out, fan_in, k, k)) / np.sqrt(fan_in * k * k)).astype(np.float32)
         b = (rng.standard_normal(c_out) * 0.1).astype(np.float32)
         inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(b, f"b{i}")]
         nodes.append(helper.make_node("Conv", [prev, f"W{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", **attrs))
@@ -122,10 +123,10 @@ def fp32_cnn(shape=(1, 3, 16, 16), seed=0) -> onnx.ModelProto:
 
 
 def qlinear_conv(x_shape, c_out, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True,
-                 per_channel=True, x_dtype="uint8", seed=0) -> onnx.ModelProto:
+                 per_channel=True, x_dtype="uint8", group=1, seed=0) -> onnx.ModelProto:
     """One QLinearConv with constant weights (int8, per output channel) and an int32 bias."""
     rng = np.random.default_rng(seed)
-    c_in = x_shape[1]
+    c_in = x_shape[1] // group
     w = rng.integers(-127, 128, (c_out, c_in, *kernel)).astype(np.int8)
     sw = (rng.random(c_out) * 0.01 + 0.005).astype(np.float32) if per_channel else np.float32(0.01)
     zw = np.zeros(c_out, np.int8) if per_channel else np.array(0, np.int8)
@@ -139,7 +140,7 @@ def qlinear_conv(x_shape, c_out, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), d
         inits.append(numpy_helper.from_array(rng.integers(-3000, 3000, c_out).astype(np.int32), "B"))
         names.append("B")
     node = helper.make_node("QLinearConv", names, ["y"], name="qconv", strides=list(strides), pads=list(pads),
-                            dilations=list(dilations), kernel_shape=list(kernel))
+                            dilations=list(dilations), kernel_shape=list(kernel), group=group)
     elem = TensorProto.UINT8 if x_dtype == "uint8" else TensorProto.INT8
     graph = helper.make_graph([node], "qconv", [helper.make_tensor_value_info("x", elem, list(x_shape))],
                               [helper.make_tensor_value_info("y", elem, None)], inits)

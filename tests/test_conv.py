@@ -20,15 +20,22 @@ CONVS = {
 }
 
 
-@pytest.mark.parametrize("name", list(CONVS))
+# grouped and depthwise convolutions take the exact int32 conv2d path (no tensorized kernel yet)
+GROUPED = {
+    "depthwise-3x3": dict(x_shape=(1, 8, 10, 10), c_out=8, kernel=(3, 3), pads=(1, 1, 1, 1), group=8),
+    "grouped-2": dict(x_shape=(1, 6, 7, 7), c_out=4, kernel=(3, 3), strides=(2, 2), group=2),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS) + list(GROUPED))
 def test_qlinear_conv_matches_onnx_reference_exactly(name, rng):
     from onnx.reference import ReferenceEvaluator
 
-    cfg = CONVS[name]
+    cfg = CONVS.get(name) or GROUPED[name]
     model = qlinear_conv(**cfg)
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
     kernels = {k.name.split("_")[0] for k in compiled.kernels()}
-    assert {"im2col", "qconv2d"} <= kernels
+    assert ({"im2col", "qconv2d"} <= kernels) == (name in CONVS)
     info = np.iinfo(cfg.get("x_dtype", "uint8"))
     x = rng.integers(info.min, info.max + 1, cfg["x_shape"]).astype(cfg.get("x_dtype", "uint8"))
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
@@ -42,7 +49,7 @@ def test_quantize_static_cnn_matches_ort(rng):
     shape = (1, 3, 16, 16)
     qdq = quantize_qdq(fp32_cnn(shape), [rng.standard_normal(shape).astype(np.float32) for _ in range(8)])
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
-    assert sum(k.name.startswith("qconv2d") for k in compiled.kernels()) == 3
+    assert sum(k.name.startswith("qconv2d") for k in compiled.kernels()) == 3  # the depthwise one: int32 conv2d
     import onnxruntime as ort
 
     so = ort.SessionOptions()

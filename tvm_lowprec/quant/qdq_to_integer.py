@@ -251,10 +251,12 @@ def match_integer_linear(call, lookup, mode: str) -> QGemmMatch | None:
 
 @dataclass(frozen=True)
 class RuntimeQMatmul:
-    """``quantize(matmul(dequantize(x), dequantize(w)))`` with runtime operands or parameters.
+    """``quantize(core(dequantize(x), dequantize(w)) [+ dequantize(int32 bias)])`` that the kernel path
+    declined: runtime weights or parameters, or a grouped / depthwise convolution.
 
-    Emitted as an exact int32 matmul of zero-point-shifted operands and a float64 requantization:
-    the same numbers as the constant-weight kernel, on TVM's generic (untensorized) matmul.
+    Emitted as an exact int32 matmul or conv2d of zero-point-shifted operands, the int32 bias added,
+    and a float64 requantization: the same numbers as the kernel path, on TVM's generic operators.
+    Weight scales and zero points may be per output channel.
     """
 
     x: relax.Expr
@@ -263,12 +265,41 @@ class RuntimeQMatmul:
     w_q: relax.Call
     out_q: relax.Call
     core: relax.Call  # the matmul or conv2d, for its attributes
+    bias: relax.Expr | None = None  # int32 [N], in accumulator units
+    channel_shape: tuple = ()  # how a per-output-channel vector broadcasts against the weight
+
+
+def _bias_int32(expr, lookup):
+    """``dequantize(b: int32, scale, 0)`` (through reshapes) -> b; the scale is x_scale * w_scale by
+    construction (ONNX QLinearConv, ONNX Runtime's QDQ bias), so b is in accumulator units."""
+    dq = call_of(_peel(expr, lookup), "dequantize", lookup)
+    if dq is None or dtype_of(dq.args[0]) != "int32":
+        return None
+    zp = _peeled_constant(dq.args[2], lookup)
+    return dq.args[0] if zp is not None and not np.any(zp) else None
+
+
+def _weight_channel_shape(core, dw):
+    """Shape that makes a per-output-channel weight parameter broadcast, or None if it cannot."""
+    w_shape = static_shape(dw.args[0])
+    n_params = static_shape(dw.args[1])
+    if w_shape is None or n_params is None:
+        return None
+    size = int(np.prod(n_params))
+    if size == 1:
+        return ()
+    is_conv = not core.op.same_as(tvm.ir.Op.get("relax.matmul"))
+    channels = w_shape[0] if is_conv else w_shape[-1]
+    axis_ok = int(dw.attrs.axis) % len(w_shape) == (0 if is_conv else len(w_shape) - 1)
+    if size != channels or not axis_ok:
+        return None
+    return (channels,) + (1,) * (len(w_shape) - 1) if is_conv else (channels,)
 
 
 def match_runtime_qlinear(call, lookup, mode: str):
     if not call.op.same_as(tvm.ir.Op.get("relax.quantize")) or str(call.attrs.out_dtype) not in ("uint8", "int8"):
         return None
-    mm = _linear_call(call.args[0], lookup)
+    mm, bias_expr = _linear_operands(call.args[0], lookup)
     if mm is None:
         return None
     dx, dw = call_of(mm.args[0], "dequantize", lookup), call_of(mm.args[1], "dequantize", lookup)
@@ -278,9 +309,15 @@ def match_runtime_qlinear(call, lookup, mode: str):
         return None
     if not all(_scalar_like(e) for e in (dx.args[1], dx.args[2], call.args[1], call.args[2])):
         return None  # per-axis activation or output parameters: not a matmul requantization
-    if not (_scalar_like(dw.args[1]) and _scalar_like(dw.args[2])):
+    channel_shape = _weight_channel_shape(mm, dw)
+    if channel_shape is None or static_shape(dw.args[2]) != static_shape(dw.args[1]) and not _scalar_like(dw.args[2]):
         return None
-    return RuntimeQMatmul(dx.args[0], dw.args[0], dx, dw, call, mm)
+    bias = None
+    if bias_expr is not None:
+        bias = _bias_int32(bias_expr, lookup)
+        if bias is None:
+            return None
+    return RuntimeQMatmul(dx.args[0], dw.args[0], dx, dw, call, mm, bias, channel_shape)
 
 
 def _scalar_like(expr) -> bool:
@@ -368,11 +405,14 @@ def _as_scalar(builder, expr, dtype):
 
 
 def emit_runtime_qmatmul(builder, match: RuntimeQMatmul, spec: TargetSpec):
-    def shifted(data, zp):
-        return builder.emit(relax.op.subtract(relax.op.astype(data, "int32"), _as_scalar(builder, zp, "int32")))
+    def shifted(data, zp, shape=()):
+        zp32 = builder.emit(relax.op.reshape(relax.op.astype(zp, "int32"), shape))
+        return builder.emit(relax.op.subtract(relax.op.astype(data, "int32"), zp32))
 
-    x32, w32 = shifted(match.x, match.x_q.args[2]), shifted(match.w, match.w_q.args[2])
-    if match.core.op.same_as(tvm.ir.Op.get("relax.matmul")):
+    per_channel = match.channel_shape if _weight_zp_per_channel(match) else ()
+    x32, w32 = shifted(match.x, match.x_q.args[2]), shifted(match.w, match.w_q.args[2], per_channel)
+    is_matmul = match.core.op.same_as(tvm.ir.Op.get("relax.matmul"))
+    if is_matmul:
         acc = builder.emit(relax.op.matmul(x32, w32, out_dtype="int32"))
     else:
         a = match.core.attrs
@@ -380,7 +420,13 @@ def emit_runtime_qmatmul(builder, match: RuntimeQMatmul, spec: TargetSpec):
             relax.op.nn.conv2d(x32, w32, a.strides, a.padding, a.dilation, a.groups, a.data_layout, a.kernel_layout,
                                a.out_layout, out_dtype="int32")
         )
-    sx, sw, sy = (relax.op.reshape(q.args[1], ()) for q in (match.x_q, match.w_q, match.out_q))
+    # a per-output-channel vector lies along the output's last axis (matmul) or axis 1 (NCHW conv)
+    out_channel = (-1,) if is_matmul else (1, -1, 1, 1)
+    if match.bias is not None:
+        bias = builder.emit(relax.op.astype(match.bias, "int32"))  # reshape with -1 needs a typed input
+        acc = builder.emit(relax.op.add(acc, relax.op.reshape(bias, out_channel)))
+    sx, sy = (relax.op.reshape(q.args[1], ()) for q in (match.x_q, match.out_q))
+    sw = relax.op.reshape(match.w_q.args[1], out_channel if match.channel_shape else ())
     # the multiplier in the scales' own dtype (as onnx.reference computes it), the product in float64
     mult = builder.emit(relax.op.astype(relax.op.divide(relax.op.multiply(sx, sw), sy), "float64"))
     zy = _as_scalar(builder, match.out_q.args[2], "float64")
@@ -388,6 +434,10 @@ def emit_runtime_qmatmul(builder, match: RuntimeQMatmul, spec: TargetSpec):
     out_dtype = str(match.out_q.attrs.out_dtype)
     lo, hi = qrange(out_dtype)
     return builder.emit(relax.op.astype(relax.op.clip(y, lo, hi), out_dtype))
+
+
+def _weight_zp_per_channel(match: RuntimeQMatmul) -> bool:
+    return not _scalar_like(match.w_q.args[2])
 
 
 def emit(builder, match, spec: TargetSpec):
