@@ -109,3 +109,29 @@ def test_missing_file_and_wrong_type():
 def test_bad_requant_mode():
     with pytest.raises(ValueError, match="requant_mode"):
         tvm_lowprec.compile(tvm_lowprec.from_onnx(qlinear_matmul(4, 32, 16)), requant_mode="banker")
+
+
+def test_profile_times_every_kernel(compiled, rng):
+    rows = compiled.profile(rng.integers(0, 256, (4, 32)).astype(np.uint8), repeat=3)
+    assert {r["name"] for r in rows} == {k.name for k in compiled.kernels()}
+    assert all(r["ms"] > 0 for r in rows) and abs(sum(r["share"] for r in rows) - 1) < 1e-6
+
+
+def test_cli_runs_the_shipped_demo_model(capsys):
+    from tvm_lowprec.cli import main
+
+    assert main(["run", "--repeat", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "qgemm" in out and "onnxruntime" in out and "max |tvm-lowprec - onnxruntime, graph as written" in out
+    line = next(l for l in out.splitlines() if "graph as written" in l)
+    assert float(line.rsplit(":", 1)[1]) == 0.0  # the same numbers as ORT's unfused QDQ graph
+
+
+def test_dynamic_dimension_is_reported_with_the_fix():
+    model = qlinear_matmul(4, 32, 16)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    with pytest.warns(UserWarning, match=r"input 'a' has dynamic dimension.*shape_dict=\{'a'"):
+        c = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    assert not [k for k in c.kernels() if k.op == "qgemm"]
+    fixed = tvm_lowprec.compile(tvm_lowprec.from_onnx(model, shape_dict={"a": [4, 32]}), target="native")
+    assert [k.op for k in fixed.kernels()].count("qgemm") == 1

@@ -36,6 +36,20 @@ def _input_specs(mod) -> list[InputSpec]:
     return specs
 
 
+def _warn_dynamic(inputs) -> None:
+    import warnings
+
+    for spec in inputs:
+        if any(not isinstance(d, int) for d in spec.shape):
+            fixed = [d if isinstance(d, int) else "..." for d in spec.shape]
+            warnings.warn(
+                f"input {spec.name!r} has dynamic dimension(s) {list(spec.shape)}: the integer kernels need static "
+                f"shapes, so the operators it feeds stay on TVM's generic path; fix them with "
+                f"from_onnx(model, shape_dict={{{spec.name!r}: {fixed}}})",
+                stacklevel=3,
+            )
+
+
 def compile(mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float") -> Compiled:  # noqa: A001
     """Compile a (quantized) Relax module into integer kernels for ``target``.
 
@@ -71,6 +85,7 @@ def compile(mod, target="native", *, num_threads: int | None = None, requant_mod
     spec = resolve_target(target)
     tvm_target = spec.tvm_target(num_threads or 2)
     inputs = _input_specs(mod)
+    _warn_dynamic(inputs)
     with tvm_target:
         lowered = high_level(mod, spec, requant_mode)
     executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=lowering_passes(tvm_target))

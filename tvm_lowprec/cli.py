@@ -87,8 +87,9 @@ def cmd_run(args) -> int:
     compiled = tvm_lowprec.compile(mod, target=args.target, num_threads=args.threads)
     _done(t0)
     print(f"\ntarget: {compiled.spec.name} — {compiled.spec.description}\n")
-    print(_table([k.as_row() for k in compiled.kernels()]))
     inputs = _random_inputs(compiled, args.seed)
+    rows = [{**r, "ms": f"{r['ms']:.4f}", "share": f"{100 * r['share']:.0f}%"} for r in compiled.profile(inputs)]
+    print(_table(rows))
     outputs = compiled(inputs)
     t_tvm = compiled.benchmark(inputs, number=max(1, args.repeat // 5), repeat=5)
     rows = [{"runtime": "tvm-lowprec", "ms": f"{t_tvm * 1e3:.3f}", "tvm-lowprec speed-up": "1.00"}]
