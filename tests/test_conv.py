@@ -10,6 +10,7 @@ import pytest
 import tvm_lowprec
 
 from models import fp32_cnn, qlinear_conv, quantize_qdq
+from reference import assert_within_one_step, ort_session, output_scale
 
 CONVS = {
     "3x3-pad1": dict(x_shape=(1, 4, 9, 9), c_out=8, kernel=(3, 3), pads=(1, 1, 1, 1)),
@@ -50,16 +51,7 @@ def test_quantize_static_cnn_matches_ort(rng):
     qdq = quantize_qdq(fp32_cnn(shape), [rng.standard_normal(shape).astype(np.float32) for _ in range(8)])
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
     assert sum(k.name.startswith("qconv2d") for k in compiled.kernels()) == 3  # the depthwise one: int32 conv2d
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(qdq.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    from onnx import numpy_helper
-
-    last_dq = [n for n in qdq.graph.node if n.op_type == "DequantizeLinear"][-1]
-    scale = float(numpy_helper.to_array({t.name: t for t in qdq.graph.initializer}[last_dq.input[1]]))
+    session = ort_session(qdq, optimized=False)
     for _ in range(3):
         x = rng.standard_normal(shape).astype(np.float32)
-        steps = np.abs(compiled(x)[0] - session.run(None, {"x": x})[0]) / scale
-        assert steps.max() <= 1.0 + 1e-3 and (steps < 1e-3).mean() >= 0.95
+        assert_within_one_step(compiled(x)[0], session.run(None, {"x": x})[0], output_scale(qdq))

@@ -8,33 +8,12 @@ comparison uses ``reduce_range=True`` models (7-bit weights, which ORT's fused p
 """
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import tvm_lowprec
 
 from models import fp32_linear, qlinear_matmul, quantize_qdq
-
-
-def _ort(model, optimized=True):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    if not optimized:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def _steps(got, want, scale):
-    return np.abs(got.astype(np.float64) - want.astype(np.float64)) / scale
-
-
-def _output_scale(model):
-    dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] in ("y", )]
-    inits = {t.name: t for t in model.graph.initializer}
-    from onnx import numpy_helper
-
-    last_dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"][-1]
-    return float(numpy_helper.to_array(inits[last_dq.input[1]]))
+from reference import assert_within_one_step, ort_session, output_scale
 
 
 CONFIGS = {
@@ -57,15 +36,13 @@ def test_quantize_static_model_matches_ort(name, rng):
         qdq = quantize_qdq(fp32, calib, reduce_range=reduce_range)
         compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
         assert any(k.op == "qgemm" for k in compiled.kernels())
-        scale = _output_scale(qdq)
+        scale = output_scale(qdq)
         for _ in range(3):
             x = rng.standard_normal(shape).astype(np.float32)
             got = compiled(x=x)[0]
-            steps = _steps(got, _ort(qdq, optimized=False).run(None, {"x": x})[0], scale)
-            assert steps.max() <= 1.0 + 1e-3 and (steps < 1e-3).mean() >= 0.95
+            assert_within_one_step(got, ort_session(qdq, optimized=False).run(None, {"x": x})[0], scale)
             if reduce_range:
-                steps = _steps(got, _ort(qdq).run(None, {"x": x})[0], scale)
-                assert steps.max() <= 1.0 + 1e-3 and (steps < 1e-3).mean() >= 0.95
+                assert_within_one_step(got, ort_session(qdq).run(None, {"x": x})[0], scale)
 
 
 @pytest.mark.parametrize("a_dtype,b_dtype,per_column", [("uint8", "int8", False), ("uint8", "int8", True), ("int8", "int8", True), ("uint8", "uint8", False)])
@@ -116,5 +93,5 @@ def test_quantize_dynamic_model_takes_the_kernel_with_a_runtime_zero_point(shape
     for _ in range(3):
         x = (rng.standard_normal(shape) * rng.uniform(0.1, 3)).astype(np.float32)
         got = compiled(x)[0]
-        want = _ort(model, optimized=False).run(None, {"x": x})[0]
+        want = ort_session(model, optimized=False).run(None, {"x": x})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

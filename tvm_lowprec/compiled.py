@@ -36,17 +36,19 @@ class InputSpec:
 
 
 def _describe(gvar, func) -> KernelInfo:
-    attrs = func.attrs
-    if attrs is not None and attrs.get("lowprec.op", None) is not None:
-        return KernelInfo(
-            gvar.name_hint,
-            str(attrs["lowprec.op"]),
-            str(attrs["lowprec.intrin"]),
-            tuple(int(x) for x in attrs["lowprec.shape"]),
-        )
-    out = func.params[-1] if func.params else None  # a 0.27 PrimFunc param carries its buffer's shape
-    shape = tuple(int(s) if hasattr(s, "value") else str(s) for s in getattr(out, "shape", ()))
-    return KernelInfo(gvar.name_hint, gvar.name_hint.rstrip("0123456789_"), "none", shape)
+    attrs = func.attrs if func.attrs is not None else {}
+    op = attrs.get("lowprec.op", None)
+    intrinsic = attrs.get("lowprec.intrin", None)
+    shape = attrs.get("lowprec.shape", None)
+    if shape is None:
+        out = func.params[-1] if func.params else None  # a 0.27 PrimFunc param carries its buffer's shape
+        shape = getattr(out, "shape", ())
+    return KernelInfo(
+        gvar.name_hint,
+        str(op) if op is not None else gvar.name_hint.rstrip("0123456789_"),
+        str(intrinsic) if intrinsic is not None else "none",
+        tuple(int(s) if hasattr(s, "value") or isinstance(s, int) else str(s) for s in shape),
+    )
 
 
 class Compiled:

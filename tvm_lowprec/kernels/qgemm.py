@@ -74,9 +74,11 @@ class QGemmProblem:
     epilogue: Epilogue
     row_term: bool = False  # the weight zero point is not zero: needs rowsum(A')
     runtime_a_zero_point: bool = False  # za is a kernel input (dynamic quantization), not a constant
+    # > 0: a batch of GEMMs with runtime weights (packed by pack_b at run time; corr per batch)
+    batch: int = 0
 
     def __post_init__(self):
-        if min(self.m, self.n, self.k) < 1:
+        if min(self.m, self.n, self.k) < 1 or self.batch < 0:
             raise ValueError(f"GEMM shape must be positive, got M={self.m} N={self.n} K={self.k}")
         if self.a_dtype not in ("uint8", "int8"):
             raise ValueError(f"activations must be uint8 or int8, not {self.a_dtype}")
@@ -210,75 +212,89 @@ def build_qgemm(problem: QGemmProblem, layout: GemmLayout, name: str = "qgemm"):
     """The unscheduled PrimFunc.
 
     Arguments: A, [a_zero_point int32[1] when runtime], packed B, epilogue params (see
-    :func:`epilogue_params`), out.
+    :func:`epilogue_params`), out. With ``problem.batch``, A, packed B, ``corr`` and out gain a
+    leading batch axis (``corr`` then comes from :func:`build_pack_b` at run time).
     """
-    p, lay, ep = problem, layout, problem.epilogue
-    M, N, K = p.m, p.n, p.k
-    A = te.placeholder((M, K), p.a_dtype, name="A")
+    p, lay = problem, layout
+    lead = (p.batch,) if p.batch else ()
+    A = te.placeholder(lead + (p.m, p.k), p.a_dtype, name="A")
     a_zp = te.placeholder((1,), "int32", name="a_zero_point") if p.runtime_a_zero_point else None
-    Bp = te.placeholder(lay.packed_shape, lay.b_storage, name="B_packed")
-    corr = te.placeholder((lay.np_,), "int32", name="corr")
+    Bp = te.placeholder(lead + lay.packed_shape, lay.b_storage, name="B_packed")
+    corr = te.placeholder(lead + (lay.np_,), "int32", name="corr")
     args = [A] + ([a_zp] if a_zp is not None else []) + [Bp, corr]
-    zcoef = None
+    terms = [lambda b, m, n: corr[(*b, n)]]
     if a_zp is not None:
         zcoef = te.placeholder((lay.np_,), "int32", name="zcoef")
         args.append(zcoef)
+        terms.append(lambda b, m, n: a_zp[0] * zcoef[n])
+    acc = _gemm(p, lay, A, Bp, len(lead))
+    if p.row_term:
+        rowcoef, rowsum = _row_sum(p, A, lay.np_, len(lead))
+        args.append(rowcoef)
+        terms.append(lambda b, m, n: rowcoef[n] * (rowsum[(*b, m)] + lay.a_offset * p.k))
 
+    def total(b, m, n):
+        x = acc[(*b, m, n)]
+        for term in terms:
+            x = x + term(b, m, n)
+        return x
+
+    params, out = _epilogue(p, lay, total, len(lead))
+    func = te.create_prim_func(args + params + [out])
+    return func.with_attr("global_symbol", name).with_attrs(_decision_attrs(problem, layout))
+
+
+def _gemm(p: QGemmProblem, lay: GemmLayout, A, Bp, nb: int):
+    """``gemm[b.., m, n] = sum_k A'[b.., m, k] * B'`` over the padded problem (A padded if needed)."""
     a_src = A
     if lay.needs_prepare(p):
-        def prep(m, k):
-            inside = tirx.all(m < M, k < K)
-            return tirx.if_then_else(inside, A[tirx.min(m, M - 1), tirx.min(k, K - 1)].astype(lay.a_storage), tirx.const(0, lay.a_storage))
+        def prep(*i):
+            b, (m, kk) = i[:nb], i[nb:]
+            inside = tirx.all(m < p.m, kk < p.k)
+            value = A[(*b, tirx.min(m, p.m - 1), tirx.min(kk, p.k - 1))].astype(lay.a_storage)
+            return tirx.if_then_else(inside, value, tirx.const(0, lay.a_storage))
 
-        a_src = te.compute((lay.mp, lay.kp), prep, name="A_prepared")
-
+        a_src = te.compute(tuple(A.shape[:nb]) + (lay.mp, lay.kp), prep, name="A_prepared")
     k = te.reduce_axis((0, lay.kp), name="k")
     G, L, KS = lay.panel, lay.lanes, lay.kstep
 
-    def a_val(m, kk):
-        v = a_src[m, kk].astype("int32")
-        return v + lay.a_offset if lay.a_offset else v
+    def body(*i):
+        b, (m, n) = i[:nb], i[nb:]
+        a = a_src[(*b, m, k)].astype("int32")
+        a = a + lay.a_offset if lay.a_offset else a
+        return te.sum(a * Bp[(*b, n // G, k // KS, (n // L) % lay.nr, n % L, k % KS)].astype("int32"), axis=k)
 
-    acc = te.compute(
-        (lay.mp, lay.np_),
-        lambda m, n: te.sum(a_val(m, k) * Bp[n // G, k // KS, (n // L) % lay.nr, n % L, k % KS].astype("int32"), axis=k),
-        name="gemm",
-    )
-    row_extra = None
-    if p.row_term:
-        rowcoef = te.placeholder((lay.np_,), "int32", name="rowcoef")
-        args.append(rowcoef)
-        kr = te.reduce_axis((0, K), name="kr")
-        rowsum = te.compute((M,), lambda m: te.sum(A[m, kr].astype("int32"), axis=kr), name="rowsum")
-        row_extra = (rowcoef, rowsum, lay.a_offset * K)
+    return te.compute(tuple(A.shape[:nb]) + (lay.mp, lay.np_), body, name="gemm")
 
-    def total(m, n):
-        x = acc[m, n] + corr[n]
-        if zcoef is not None:
-            x = x + a_zp[0] * zcoef[n]
-        if row_extra is not None:
-            rowcoef, rowsum, off = row_extra
-            x = x + rowcoef[n] * (rowsum[m] + off)
-        return x
+
+def _row_sum(p: QGemmProblem, A, np_: int, nb: int):
+    rowcoef = te.placeholder((np_,), "int32", name="rowcoef")
+    kr = te.reduce_axis((0, p.k), name="kr")
+    rowsum = te.compute(tuple(A.shape[:nb]) + (p.m,), lambda *i: te.sum(A[(*i, kr)].astype("int32"), axis=kr), name="rowsum")
+    return rowcoef, rowsum
+
+
+def _epilogue(p: QGemmProblem, lay: GemmLayout, total, nb: int):
+    """(parameter placeholders, output tensor) for the problem's epilogue kind."""
+    ep = p.epilogue
+    shape = ((p.batch,) if nb else ()) + (p.m, p.n)
+
+    def per_column(*names_dtypes):
+        return [te.placeholder((lay.np_,), dtype, name=n) for n, dtype in names_dtypes]
+
+    def out(fn):
+        return te.compute(shape, lambda *i: fn(i[:nb], i[nb], i[nb + 1]), name="epilogue")
 
     if ep.kind == "int32":
-        out = te.compute((M, N), total, name="epilogue")
-    elif ep.kind == "float":
-        scale = te.placeholder((lay.np_,), "float32", name="scale")
-        fbias = te.placeholder((lay.np_,), "float32", name="fbias")
-        args += [scale, fbias]
-        out = te.compute((M, N), lambda m, n: total(m, n).astype("float32") * scale[n] + fbias[n], name="epilogue")
-    elif ep.mode == "fixed_point":
-        mult = te.placeholder((lay.np_,), "int32", name="mult")
-        shift = te.placeholder((lay.np_,), "int32", name="shift")
-        args += [mult, shift]
-        out = te.compute((M, N), lambda m, n: _requant_fixed(total(m, n), mult[n], shift[n], ep), name="epilogue")
-    else:
-        mult = te.placeholder((lay.np_,), "float32", name="mult")
-        args.append(mult)
-        out = te.compute((M, N), lambda m, n: _requant_float(total(m, n), mult[n], ep), name="epilogue")
-    func = te.create_prim_func(args + [out])
-    return func.with_attr("global_symbol", name).with_attrs(_decision_attrs(problem, layout))
+        return [], out(total)
+    if ep.kind == "float":
+        scale, fbias = per_column(("scale", "float32"), ("fbias", "float32"))
+        return [scale, fbias], out(lambda b, m, n: total(b, m, n).astype("float32") * scale[n] + fbias[n])
+    if ep.mode == "fixed_point":
+        mult, shift = per_column(("mult", "int32"), ("shift", "int32"))
+        return [mult, shift], out(lambda b, m, n: _requant_fixed(total(b, m, n), mult[n], shift[n], ep))
+    (mult,) = per_column(("mult", "float32"))
+    return [mult], out(lambda b, m, n: _requant_float(total(b, m, n), mult[n], ep))
 
 
 def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
@@ -292,4 +308,5 @@ def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
         "lowprec.b_storage": layout.b_storage,
         "lowprec.a_dtype": problem.a_dtype,
         "lowprec.epilogue": problem.epilogue.kind,
+        "lowprec.batch": problem.batch,
     }

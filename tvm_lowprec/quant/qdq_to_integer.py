@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from ..errors import LowPrecError
+from ..kernels.pack_b import build_pack_b
 from ..kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, pack_weights
 from ..targets import TargetSpec
 from .patterns import (
@@ -267,6 +268,8 @@ class RuntimeQMatmul:
     core: relax.Call  # the matmul or conv2d, for its attributes
     bias: relax.Expr | None = None  # int32 [N], in accumulator units
     channel_shape: tuple = ()  # how a per-output-channel vector broadcasts against the weight
+    # (sx, zx, sw, zw, sy, zy) when every parameter is a per-tensor constant: the packed kernel path
+    const_params: tuple | None = None
 
 
 def _bias_int32(expr, lookup):
@@ -317,7 +320,10 @@ def match_runtime_qlinear(call, lookup, mode: str):
         bias = _bias_int32(bias_expr, lookup)
         if bias is None:
             return None
-    return RuntimeQMatmul(dx.args[0], dw.args[0], dx, dw, call, mm, bias, channel_shape)
+    params = [constant(e, lookup) for e in (dx.args[1], dx.args[2], dw.args[1], dw.args[2], call.args[1], call.args[2])]
+    const_params = tuple(np.asarray(v).reshape(()) for v in params) if all(
+        v is not None and np.asarray(v).size == 1 for v in params) else None
+    return RuntimeQMatmul(dx.args[0], dw.args[0], dx, dw, call, mm, bias, channel_shape, const_params)
 
 
 def _scalar_like(expr) -> bool:
@@ -440,9 +446,59 @@ def _weight_zp_per_channel(match: RuntimeQMatmul) -> bool:
     return not _scalar_like(match.w_q.args[2])
 
 
+def _batched_shapes(match: RuntimeQMatmul):
+    """(batch, M, K, N, lead dims of the output) for a matmul of runtime operands, or None."""
+    xs, ws = static_shape(match.x), static_shape(match.w)
+    if xs is None or ws is None or len(xs) < 2 or len(ws) < 2 or xs[-1] != ws[-2]:
+        return None
+    k, n = ws[-2], ws[-1]
+    if len(ws) == 2:  # one weight matrix: every leading dim of x is rows
+        return 1, int(np.prod(xs[:-1])), k, n, xs[:-1]
+    if xs[:-2] != ws[:-2]:
+        return None  # broadcast batch dims: the generic path
+    return int(np.prod(xs[:-2])), xs[-2], k, n, xs[:-1]
+
+
+def emit_runtime_packed(builder, match: RuntimeQMatmul, spec: TargetSpec):
+    """Runtime weights, per-tensor constant parameters: pack B at run time, then the batched kernel."""
+    shapes = _batched_shapes(match)
+    if shapes is None or match.const_params is None or match.bias is not None or not _is_matmul(match.core):
+        return None
+    batch, m, k, n, lead = shapes
+    sx, zx, sw, zw, sy, zy = match.const_params
+    out_dtype, b_dtype = str(match.out_q.attrs.out_dtype), dtype_of(match.w)
+    b_off = 128 if b_dtype == "uint8" else 0
+    zb_p = int(zw) - b_off
+    epilogue = Epilogue("requant", out_dtype, zero_point=int(zy))
+    problem = QGemmProblem(m, n, k, dtype_of(match.x), epilogue, row_term=zb_p != 0, batch=batch)
+    layout = GemmLayout.choose(problem, spec, None)
+    za_p = int(zx) + layout.a_offset
+    pack = builder.add_func(build_pack_b(batch, k, n, b_dtype, layout, za_p, zb_p, f"pack_b_{batch}x{k}x{n}"),
+                            f"pack_b_{batch}x{k}x{n}")
+    w3 = builder.emit(relax.op.reshape(match.w, (batch, k, n)))
+    packed = builder.emit(relax.call_tir(pack, [w3], [
+        relax.TensorType((batch,) + layout.packed_shape, layout.b_storage), relax.TensorType((batch, layout.np_), "int32")]))
+    name = f"qgemm_batched_{problem.a_dtype[0]}8_{batch}x{m}x{n}x{k}"
+    gvar = builder.add_func(build_qgemm(problem, layout, name).with_attr("op_pattern", 8), name)
+    mult = np.float32(np.float32(sx) * np.float32(sw)) / np.float32(sy)
+    params = [np.full(layout.np_, -zb_p, np.int32)] if zb_p else []
+    params.append(np.full(layout.np_, mult, np.float32))
+    x3 = builder.emit(relax.op.reshape(match.x, (batch, m, k)))
+    args = [x3, builder.emit(relax.TupleGetItem(packed, 0)), builder.emit(relax.TupleGetItem(packed, 1))]
+    args += [relax.const(v) for v in params]
+    y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((batch, m, n), out_dtype)))
+    return builder.emit(relax.op.reshape(y, (*lead, n)))
+
+
+def _is_matmul(call) -> bool:
+    return call.op.same_as(tvm.ir.Op.get("relax.matmul"))
+
+
 def emit(builder, match, spec: TargetSpec):
-    emitter = emit_runtime_qmatmul if isinstance(match, RuntimeQMatmul) else emit_qgemm
-    return emitter(builder, match, spec)
+    if isinstance(match, RuntimeQMatmul):
+        packed = emit_runtime_packed(builder, match, spec)
+        return packed if packed is not None else emit_runtime_qmatmul(builder, match, spec)
+    return emit_qgemm(builder, match, spec)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,9 +32,10 @@ class QGemmRule:
         mr, nr, kblock = (int(x) for x in func.attrs["lowprec.tile"])
         intrin = str(func.attrs["lowprec.intrin"])
         lanes, kstep = (int(x) for x in func.attrs["lowprec.vector"])
+        batched = int(func.attrs.get("lowprec.batch", 0)) > 0
         sch = Schedule(func)
         self._prepare_inputs(sch)
-        self._gemm(sch, mr, nr, kblock, intrin, lanes, kstep)
+        self._gemm(sch, mr, nr, kblock, intrin, lanes, kstep, batched)
         return sch
 
     # Step 1. Prepared activations and row sums: parallel over rows, vectorized along K.
@@ -53,22 +54,23 @@ class QGemmRule:
 
     # Step 2. Tile, tensorize, fuse the epilogue.
     @staticmethod
-    def _gemm(sch, mr, nr, kblock, intrin, lanes, kstep):
+    def _gemm(sch, mr, nr, kblock, intrin, lanes, kstep, batched):
         block = sch.get_sblock("gemm")
-        m, n, k = sch.get_loops(block)
+        loops = sch.get_loops(block)
+        batch, (m, n, k) = (loops[0] if batched else None), loops[-3:]
         mo, mi = sch.split(m, [None, mr])
         panel, g, lane = sch.split(n, [None, nr, lanes])
         epi = sch.get_sblock("epilogue")
         if kblock:
             ko, kb, ki = sch.split(k, [None, kblock // kstep, kstep])
             sch.reorder(panel, ko, mo, kb, mi, g, lane, ki)
-            sch.parallel(panel)
+            sch.parallel(_with_batch(sch, batch, panel))
             sch.decompose_reduction(block, ko)
             _fuse_epilogue(sch, epi, panel)
         else:
             kb, ki = sch.split(k, [None, kstep])
             sch.reorder(panel, mo, kb, mi, g, lane, ki)
-            sch.parallel(panel)
+            sch.parallel(_with_batch(sch, batch, panel))
             sch.decompose_reduction(block, kb)
             _fuse_epilogue(sch, epi, mo)
         sch.tensorize(lane, intrin)
@@ -76,6 +78,11 @@ class QGemmRule:
         sch.unroll(g)
         _vectorize_inner(sch, sch.get_sblock("gemm_init"), lanes)
         _vectorize_inner(sch, epi, lanes)
+
+
+def _with_batch(sch, batch, panel):
+    """The loop to parallelise: the panels, fused with the batch when there is one."""
+    return panel if batch is None else sch.fuse(batch, panel)
 
 
 def _fuse_epilogue(sch, epi, loop):
@@ -101,3 +108,18 @@ def _vectorize_inner(sch, block, lanes):
     if hasattr(extent, "value") and extent.value > lanes and extent.value % lanes == 0:
         _, inner = sch.split(inner, [None, lanes])
     sch.vectorize(inner)
+
+
+class PackBRule:
+    """Run-time weight packing (:func:`~tvm_lowprec.kernels.build_pack_b`): each block parallel over
+    its outermost loop (batch x panel for the packing). The column-sum block is absent when the
+    activation zero point cancels it (za' = 0)."""
+
+    def apply(self, func, spec):
+        if func.attrs is None or func.attrs.get("lowprec.op", None) != "pack_b":
+            return None
+        sch = Schedule(func)
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            loops = sch.get_loops(block)
+            sch.parallel(sch.fuse(loops[0], loops[1]) if sch.get(block).name_hint == "B_packed" else loops[0])
+        return sch

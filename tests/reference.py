@@ -1,0 +1,28 @@
+"""ONNX Runtime as the reference for QDQ models, and the one-quantization-step comparison."""
+
+import numpy as np
+import onnxruntime as ort
+from onnx import numpy_helper
+
+
+def ort_session(model, optimized=True):
+    """ORT on one thread; ``optimized=False`` runs the graph as written (float QDQ semantics)."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    if not optimized:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def output_scale(model) -> float:
+    """The scale of the model's last DequantizeLinear: one quantization step of its output."""
+    inits = {t.name: t for t in model.graph.initializer}
+    last_dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"][-1]
+    return float(numpy_helper.to_array(inits[last_dq.input[1]]))
+
+
+def assert_within_one_step(got, want, scale, exact_fraction=0.95):
+    """At most one quantization step apart everywhere, and nearly all exactly equal."""
+    steps = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64)) / scale
+    assert steps.max() <= 1.0 + 1e-3, f"{steps.max():.2f} steps apart"
+    assert (steps < 1e-3).mean() >= exact_fraction, f"only {(steps < 1e-3).mean():.3f} exact"

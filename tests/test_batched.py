@@ -1,0 +1,78 @@
+"""Matmuls whose both operands are activations (attention's Q·Kᵀ, P·V): the weights are packed at run
+time (pack_b) and fed to the batched integer kernel. Exact against onnx.reference; QDQ attention from
+quantize_static against ONNX Runtime's unfused graph."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tvm_lowprec
+
+from models import quantize_qdq
+from reference import assert_within_one_step, ort_session, output_scale
+
+
+def _qlinear_matmul_runtime_b(a_shape, b_shape, b_dtype, zb):
+    k = a_shape[-1]
+    params = [("sa", np.float32(0.02)), ("za", np.array(3, np.uint8)), ("sb", np.float32(0.03)),
+              ("zb", np.array(zb, b_dtype)), ("sy", np.float32(0.02 * 0.03 * np.sqrt(k) * 6400 / 60)),
+              ("zy", np.array(128, np.uint8))]
+    elem = TensorProto.UINT8 if b_dtype == "uint8" else TensorProto.INT8
+    graph = helper.make_graph(
+        [helper.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], name="qmm")], "g",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, list(a_shape)),
+         helper.make_tensor_value_info("b", elem, list(b_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in params],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape,b_dtype,zb",
+    [((12, 32, 64), (12, 64, 32), "uint8", 131), ((2, 3, 17, 40), (2, 3, 40, 9), "int8", 0),
+     ((5, 33), (33, 20), "uint8", 128), ((1, 1, 64), (1, 64, 48), "int8", -3)],
+    ids=["heads-u8", "4d-odd-s8", "2d-runtime-b", "gemv-s8-zp"],
+)
+def test_runtime_weights_take_the_packed_kernel_exactly(a_shape, b_shape, b_dtype, zb, rng):
+    from onnx.reference import ReferenceEvaluator
+
+    model = _qlinear_matmul_runtime_b(a_shape, b_shape, b_dtype, zb)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    ops = {k.op for k in compiled.kernels()}
+    assert {"pack_b", "qgemm"} <= ops
+    info = np.iinfo(b_dtype)
+    a = rng.integers(0, 256, a_shape).astype(np.uint8)
+    b = rng.integers(info.min, info.max + 1, b_shape).astype(b_dtype)
+    got = compiled(a, b)[0]
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0])
+    assert len(np.unique(got)) > 20
+
+
+def _fp32_attention(seq=32, d=64, seed=0):
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), n) for n in ("Wq", "Wk", "Wv")]
+    inits.append(numpy_helper.from_array(np.float32(1 / np.sqrt(d)), "scale"))
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q"]), helper.make_node("MatMul", ["x", "Wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "Wv"], ["v"]), helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_quantize_static_attention_matches_ort(rng):
+    shape = (1, 32, 64)
+    qdq = quantize_qdq(_fp32_attention(), [rng.standard_normal(shape).astype(np.float32) for _ in range(8)])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
+    names = [k.name for k in compiled.kernels()]
+    assert sum(n.startswith("qgemm_batched") for n in names) == 2  # Q·Kᵀ and P·V
+    assert sum(n.startswith("qgemm_u8") for n in names) == 3  # the projections
+    session = ort_session(qdq, optimized=False)
+    for _ in range(3):
+        x = rng.standard_normal(shape).astype(np.float32)
+        assert_within_one_step(compiled(x)[0], session.run(None, {"x": x})[0], output_scale(qdq))
