@@ -87,8 +87,8 @@ def compile(mod, target="native", *, num_threads: int | None = None, requant_mod
     inputs = _input_specs(mod)
     _warn_dynamic(inputs)
     with tvm_target:
-        lowered = high_level(mod, spec, requant_mode)
-    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=lowering_passes(tvm_target))
+        lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode))
+    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
     return Compiled(executable, lowered, spec, inputs, num_threads=num_threads)
 
 
