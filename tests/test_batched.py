@@ -76,3 +76,14 @@ def test_quantize_static_attention_matches_ort(rng):
     for _ in range(3):
         x = rng.standard_normal(shape).astype(np.float32)
         assert_within_one_step(compiled(x)[0], session.run(None, {"x": x})[0], output_scale(qdq))
+
+
+def test_fast_math_only_changes_the_float_operators(rng):
+    shape = (1, 32, 64)
+    qdq = quantize_qdq(_fp32_attention(), [rng.standard_normal(shape).astype(np.float32) for _ in range(4)])
+    fast = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
+    exact = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native", fast_math=False)
+    assert any("fast_softmax" in k.name for k in fast.kernels())
+    assert not any("fast_" in k.name for k in exact.kernels())
+    x = rng.standard_normal(shape).astype(np.float32)
+    assert_within_one_step(fast(x)[0], exact(x)[0], output_scale(qdq), exact_fraction=0.99)

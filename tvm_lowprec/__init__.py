@@ -50,7 +50,9 @@ def _warn_dynamic(inputs) -> None:
             )
 
 
-def compile(mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float") -> Compiled:  # noqa: A001
+def compile(  # noqa: A001
+    mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float", fast_math: bool = True
+) -> Compiled:
     """Compile a (quantized) Relax module into integer kernels for ``target``.
 
     Parameters
@@ -65,6 +67,9 @@ def compile(mod, target="native", *, num_threads: int | None = None, requant_mod
         or ``TVM_NUM_THREADS``).
     requant_mode : {"float", "fixed_point"}
         Requantization arithmetic; see :class:`tvm_lowprec.Epilogue`.
+    fast_math : bool
+        Polynomial exp/tanh/erf in the float operators (softmax, GELU, ...) for speed; relative
+        error about 1e-6, below one quantization step. Integer kernels are unaffected.
 
     Returns
     -------
@@ -87,7 +92,7 @@ def compile(mod, target="native", *, num_threads: int | None = None, requant_mod
     inputs = _input_specs(mod)
     _warn_dynamic(inputs)
     with tvm_target:
-        lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode))
+        lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math))
     executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
     return Compiled(executable, lowered, spec, inputs, num_threads=num_threads)
 
