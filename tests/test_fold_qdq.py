@@ -1,0 +1,46 @@
+"""Data movement between quantize/dequantize pairs with equal parameters stays in the integer domain."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tvm_lowprec
+
+from reference import ort_session
+
+
+def _model(op_nodes, out_scale=0.05, out_zp=128, shape=(2, 3, 8, 8)):
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.array(128, np.uint8), "z"),
+             numpy_helper.from_array(np.float32(out_scale), "s2"), numpy_helper.from_array(np.array(out_zp, np.uint8), "z2")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), *op_nodes,
+             helper.make_node("QuantizeLinear", ["m", "s2", "z2"], ["q2"]),
+             helper.make_node("DequantizeLinear", ["q2", "s2", "z2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+MOVES = {
+    "transpose": [helper.make_node("Transpose", ["d"], ["m"], perm=[0, 2, 3, 1])],
+    "maxpool": [helper.make_node("MaxPool", ["d"], ["m"], kernel_shape=[2, 2], strides=[2, 2])],
+    "flatten": [helper.make_node("Flatten", ["d"], ["m"], axis=1)],
+}
+
+
+@pytest.mark.parametrize("name", list(MOVES))
+def test_movement_runs_on_integers_and_matches_ort(name, rng):
+    model = _model(MOVES[name])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    names = [k.name for k in compiled.kernels()]
+    assert not any("dequantize" in n and ("transpose" in n or "pool" in n) for n in names), names
+    x = (rng.standard_normal((2, 3, 8, 8)) * 3).astype(np.float32)
+    np.testing.assert_array_equal(compiled(x)[0], ort_session(model, optimized=False).run(None, {"x": x})[0])
+
+
+def test_different_parameters_are_a_requantization_and_stay(rng):
+    model = _model(MOVES["transpose"], out_scale=0.07, out_zp=120)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    assert any("dequantize" in k.name and "transpose" in k.name for k in compiled.kernels())
+    x = (rng.standard_normal((2, 3, 8, 8)) * 3).astype(np.float32)
+    np.testing.assert_array_equal(compiled(x)[0], ort_session(model, optimized=False).run(None, {"x": x})[0])
