@@ -59,8 +59,10 @@ def ort_errors() -> tuple[type[BaseException], ...]:
     return tuple(getattr(state, name) for name in names if hasattr(state, name))
 
 
-def ort_session(model, threads: int):
-    """CPU session of ``model`` with ``threads`` intra-op threads and one inter-op thread."""
+def ort_session(model, threads: int, optimize: bool = True):
+    """CPU session of ``model`` (ModelProto or path) with ``threads`` intra-op threads, one inter-op
+    thread and no spinning; ``optimize=False`` runs the graph as written (for QDQ: float operators
+    between DequantizeLinear and QuantizeLinear, no fused integer kernels)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -70,7 +72,10 @@ def ort_session(model, threads: int):
     options.log_severity_level = 3
     # idle workers must not spin on the cores the next runtime in this process is timed on
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    source = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def ort_runner(session, a: np.ndarray):

@@ -1,0 +1,644 @@
+#!/usr/bin/env python
+"""Reference models end to end: tvm-lowprec INT8 against ONNX Runtime INT8/FP32 and TVM FP32, 1 and 2 threads.
+
+Examples
+--------
+python benchmarks/model_bench.py                                  # encoder, cnn, minilm at 1 and 2 threads
+python benchmarks/model_bench.py --quick --models encoder --threads 1
+python benchmarks/model_bench.py --models cnn,minilm --repeat 20 --out /tmp/models
+
+The models are built (or downloaded) and quantized by ``benchmarks/models/build.py`` into its cache on
+first use. Output: ``results.csv``, ``results.json`` and ``report.md`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Four runtimes share this process and its cores: idle worker threads must sleep, not spin, or the
+# runtime timed next competes with the previous one's spinning workers. Set before any import of them.
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict, dataclass, field, replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the ``models`` package beside this file
+try:
+    import tvm_lowprec
+except ImportError:  # run from a checkout without installing the package
+    sys.path.insert(0, str(HERE.parent))
+    import tvm_lowprec
+
+from models.build import (  # noqa: E402
+    DEFAULT_CACHE, MODELS, BuiltModel, ModelSpec, ModelUnavailable, ensure_model, make_feed,
+)
+from tvm_lowprec.bench.hostinfo import collect_metadata, load_average  # noqa: E402
+from tvm_lowprec.bench.providers import ort_session  # noqa: E402
+
+LOWPREC_ROOT = Path(tvm_lowprec.__file__).resolve().parents[1]  # the checkout actually imported
+
+RUNTIMES = ("ort-int8", "ort-fp32", "tvm-lowprec-int8", "tvm-fp32")
+LABELS = {
+    "ort-int8": "ORT INT8 (fused)",
+    "ort-fp32": "ORT FP32",
+    "tvm-lowprec-int8": "tvm-lowprec INT8",
+    "tvm-fp32": "TVM FP32",
+}
+COSINE_OK = 0.9999
+PERTURBATION = 1e-6  # relative input noise of the QDQ graph's sensitivity check (float inputs only)
+PROFILE_TOP = 10
+DEFAULT_OUT = HERE / "results" / "models"
+CSV_FIELDS = ("model", "runtime", "threads", "status", "ms", "number", "repeat", "slow", "timer", "setup_s",
+              "cos_vs_ort_int8_qdq", "max_abs_diff_vs_ort_int8_qdq", "cos_vs_ort_int8", "cos_vs_ort_fp32", "error")
+
+# What a failing runtime may raise. TVM 0.27 maps its C++ errors to RuntimeError/ValueError/TypeError/
+# IndexError/AttributeError (tvm_ffi), schedules raise ScheduleError (a RuntimeError).
+TVM_ERRORS = (tvm_lowprec.LowPrecError, NotImplementedError, RuntimeError, ValueError, TypeError, KeyError,
+              IndexError, AttributeError, AssertionError, MemoryError)
+
+
+def ort_errors() -> tuple[type[BaseException], ...]:
+    """ONNX Runtime's exception classes (they derive from Exception only) plus the usual Python ones."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NoSuchFile", "NotImplemented",
+             "RuntimeException", "EPFail", "EngineError")
+    return tuple(getattr(state, n) for n in names if hasattr(state, n)) + (RuntimeError, ValueError, MemoryError)
+
+
+# ---------------------------------------------------------------- timing
+
+@dataclass(frozen=True)
+class Timing:
+    """How each runtime is timed: after a warm-up call, an inner loop of ``number`` calls sized to last
+    ``min_time`` seconds, the median of ``repeat`` loops. A runtime whose warm call takes ``slow_s`` or
+    more is timed by ``slow_repeat`` single calls."""
+
+    repeat: int = 10
+    min_time: float = 0.2
+    slow_s: float = 1.0
+    slow_repeat: int = 3
+    profile_repeat: int = 5
+
+
+DEFAULT_TIMING = Timing()
+QUICK_TIMING = Timing(repeat=3, min_time=0.05, slow_s=0.5, slow_repeat=1, profile_repeat=2)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A prepared runtime: ``run()`` returns the graph outputs in order; ``time(number, repeat)`` the
+    median seconds per call."""
+
+    run: Callable[[], list[np.ndarray]]
+    time: Callable[[int, int], float]
+    timer: str
+    setup_s: float
+    compiled: object = None  # the tvm_lowprec.Compiled, for profiling
+
+
+@dataclass(frozen=True)
+class Timed:
+    seconds: float
+    number: int
+    repeat: int
+    slow: bool = False  # timed by single calls (the warm call took Timing.slow_s or more)
+
+
+def _wall(fn: Callable[[], object], number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return time.perf_counter() - start
+
+
+def wall_clock_timer(fn: Callable[[], object]) -> Callable[[int, int], float]:
+    def timer(number: int, repeat: int) -> float:
+        return statistics.median(_wall(fn, number) / number for _ in range(repeat))
+
+    return timer
+
+
+def measure(runner: Runner, warm_s: float, timing: Timing) -> Timed:
+    """Time ``runner`` (already called once, taking ``warm_s``) as :class:`Timing` says."""
+    if warm_s >= timing.slow_s:
+        return Timed(runner.time(1, timing.slow_repeat), 1, timing.slow_repeat, slow=True)
+    probe = _wall(runner.run, 1)
+    number = max(1, math.ceil(timing.min_time / max(probe, 1e-6)))
+    return Timed(runner.time(number, timing.repeat), number, timing.repeat)
+
+
+# ---------------------------------------------------------------- runtimes
+
+def ort_runner(path: Path, feed: dict, threads: int, optimize: bool = True) -> Runner:
+    start = time.perf_counter()
+    session = ort_session(path, threads, optimize)
+    setup = time.perf_counter() - start
+
+    def run():
+        return session.run(None, feed)
+
+    return Runner(run, wall_clock_timer(run), "wall clock (session.run)", setup)
+
+
+def tvm_runner(path: Path, spec: ModelSpec, feed: dict, threads: int) -> Runner:
+    start = time.perf_counter()
+    mod = tvm_lowprec.from_onnx(str(path), shape_dict=spec.shape_dict)
+    compiled = tvm_lowprec.compile(mod, target="native", num_threads=threads)
+    setup = time.perf_counter() - start
+
+    def timer(number: int, repeat: int) -> float:
+        return compiled.benchmark(feed, number=number, repeat=repeat)
+
+    return Runner(lambda: compiled(feed), timer, "TVM time_evaluator (Compiled.benchmark)", setup, compiled)
+
+
+def make_runner(runtime: str, built: BuiltModel, feed: dict, threads: int) -> Runner:
+    if runtime == "ort-int8":
+        return ort_runner(built.int8_path, feed, threads)
+    if runtime == "ort-fp32":
+        return ort_runner(built.fp32_path, feed, threads)
+    if runtime == "tvm-lowprec-int8":
+        return tvm_runner(built.int8_path, built.spec, feed, threads)
+    if runtime == "tvm-fp32":
+        return tvm_runner(built.fp32_path, built.spec, feed, threads)
+    raise ValueError(f"unknown runtime {runtime!r}")
+
+
+def runtime_errors(runtime: str) -> tuple[type[BaseException], ...]:
+    return ort_errors() if runtime.startswith("ort") else TVM_ERRORS
+
+
+# ---------------------------------------------------------------- correctness
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    if a.shape != b.shape:
+        return float("nan")
+    denom = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / denom) if denom > 0 else float("nan")
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b))) if a.shape == b.shape else float("nan")
+
+
+@dataclass(frozen=True)
+class References:
+    """The compared output (``spec.output``) from ORT: INT8 as written (no graph optimizations), INT8
+    fused and FP32, at one thread; ``index`` is that output's position among the graph outputs."""
+
+    index: int
+    count: int
+    int8_qdq: np.ndarray
+    int8_fused: np.ndarray
+    fp32: np.ndarray
+    qdq_sensitivity: float | None  # cosine of the QDQ output after a PERTURBATION of the input, or None
+
+
+def _ort_output(path: Path, feed: dict, name: str, optimize: bool) -> np.ndarray:
+    return ort_session(path, 1, optimize).run([name], feed)[0]
+
+
+def perturbed(feed: dict, seed: int = 0) -> dict | None:
+    """``feed`` with every float input scaled by ``1 + PERTURBATION * N(0, 1)``; None if one is not float."""
+    if not all(np.issubdtype(v.dtype, np.floating) for v in feed.values()):
+        return None
+    rng = np.random.default_rng(seed)
+    return {k: (v * (1 + PERTURBATION * rng.standard_normal(v.shape))).astype(v.dtype) for k, v in feed.items()}
+
+
+def reference_outputs(built: BuiltModel, feed: dict) -> References:
+    """ORT's outputs for the checks. ``qdq_sensitivity`` says how far the QDQ graph's own output moves
+    when the input moves by a few float32 ulps (quantization steps flip at rounding boundaries):
+    the noise floor against which tvm-lowprec's cosine can be read."""
+    session = ort_session(built.int8_path, 1, optimize=False)
+    names = [o.name for o in session.get_outputs()]
+    qdq = session.run([built.spec.output], feed)[0]
+    noisy_feed = perturbed(feed)
+    sensitivity = None if noisy_feed is None else cosine(qdq, session.run([built.spec.output], noisy_feed)[0])
+    fused = _ort_output(built.int8_path, feed, built.spec.output, True)
+    fp32 = _ort_output(built.fp32_path, feed, built.spec.output, True)
+    return References(names.index(built.spec.output), len(names), qdq, fused, fp32, sensitivity)
+
+
+def _pick_output(outputs: list[np.ndarray], refs: References) -> np.ndarray:
+    if len(outputs) != refs.count:
+        raise ValueError(f"returned {len(outputs)} outputs, the graph has {refs.count}")
+    return outputs[refs.index]
+
+
+def check_row(runtime: str, out: np.ndarray, refs: References) -> dict:
+    """Comparison columns and the status: tvm-lowprec INT8 must match ORT's QDQ graph, TVM FP32 ORT's
+    FP32 output, with cosine >= :data:`COSINE_OK`; ORT's own rows are the references."""
+    cols = {
+        "cos_vs_ort_int8_qdq": cosine(out, refs.int8_qdq),
+        "max_abs_diff_vs_ort_int8_qdq": max_abs_diff(out, refs.int8_qdq),
+        "cos_vs_ort_int8": cosine(out, refs.int8_fused),
+        "cos_vs_ort_fp32": cosine(out, refs.fp32),
+    }
+    gate = {"tvm-lowprec-int8": "cos_vs_ort_int8_qdq", "tvm-fp32": "cos_vs_ort_fp32"}.get(runtime)
+    ok = gate is None or cols[gate] >= COSINE_OK
+    return {**cols, "status": "ok" if ok else "mismatch"}
+
+
+# ---------------------------------------------------------------- one model
+
+def error_text(err: BaseException, limit: int = 600) -> str:
+    """``Type: first line ... last line`` of an exception (TVM's messages carry whole TIR dumps)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    if isinstance(err, tvm_lowprec.LowPrecError):  # short messages: every line counts (one per operator)
+        text = " ".join(lines)
+    else:
+        text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return f"{type(err).__name__}: {text}"[:limit]
+
+
+def _row(model: str, runtime: str, threads: int, **values) -> dict:
+    return {"model": model, "runtime": runtime, "threads": threads, **values}
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def bench_runtime(runtime: str, built: BuiltModel, feed: dict, threads: int, refs: References,
+                  timing: Timing) -> tuple[dict, Runner | None]:
+    """One (runtime, threads) point: prepare, check the output, time. Failures become an error row."""
+    name = built.spec.name
+    try:
+        runner = make_runner(runtime, built, feed, threads)
+        start = time.perf_counter()
+        out = _pick_output(runner.run(), refs)
+        warm = time.perf_counter() - start
+        checks = check_row(runtime, out, refs)
+        timed = measure(runner, warm, timing)
+    except runtime_errors(runtime) as err:
+        _log(f"  {name:8s} {runtime:17s} t={threads}: error: {error_text(err, 200)}")
+        return _row(name, runtime, threads, status="error", error=error_text(err)), None
+    _log(f"  {name:8s} {runtime:17s} t={threads}: {timed.seconds * 1e3:10.2f} ms  "
+         f"(setup {runner.setup_s:.1f} s, {checks['status']})")
+    row = _row(name, runtime, threads, ms=round(timed.seconds * 1e3, 4), number=timed.number, repeat=timed.repeat,
+               slow=timed.slow, timer=runner.timer, setup_s=round(runner.setup_s, 2), error="", **checks)
+    return row, runner
+
+
+def profile_kernels(runner: Runner, feed: dict, timing: Timing, threads: int) -> dict:
+    """tvm-lowprec's per-kernel times (all kernels, slowest first) and their sum."""
+    try:
+        rows = runner.compiled.profile(feed, repeat=timing.profile_repeat)
+    except TVM_ERRORS as err:
+        return {"threads": threads, "error": error_text(err), "rows": []}
+    return {"threads": threads, "total_ms": sum(r["ms"] for r in rows), "kernels": len(rows), "rows": rows}
+
+
+@dataclass
+class ModelResult:
+    name: str
+    description: str
+    rows: list[dict] = field(default_factory=list)
+    error: str = ""
+    profile: dict | None = None
+    qdq_sensitivity: float | None = None
+    target: str = ""
+    build: dict = field(default_factory=dict)  # the model's build manifest (seeds, quantization, ops, sha256)
+
+
+def _skip_rows(name: str, threads: list[int], status: str, reason: str) -> list[dict]:
+    return [_row(name, r, t, status=status, error=reason) for t in threads for r in RUNTIMES]
+
+
+def prepare_model(spec: ModelSpec, cache: Path) -> tuple[BuiltModel | None, str]:
+    try:
+        return ensure_model(spec, cache), ""
+    except ModelUnavailable as err:
+        return None, f"model unavailable: {err}"
+    except ort_errors() as err:
+        return None, f"build/quantization failed: {error_text(err)}"
+
+
+def bench_model(spec: ModelSpec, threads: list[int], timing: Timing, cache: Path) -> ModelResult:
+    result = ModelResult(spec.name, spec.description)
+    built, reason = prepare_model(spec, cache)
+    if built is None:
+        result.error, result.rows = reason, _skip_rows(spec.name, threads, "skipped", reason)
+        return result
+    result.build = built.manifest
+    feed = make_feed(spec)
+    try:
+        refs = reference_outputs(built, feed)
+    except ort_errors() as err:
+        result.error = f"ORT reference failed: {error_text(err)}"
+        result.rows = _skip_rows(spec.name, threads, "skipped", result.error)
+        return result
+    result.qdq_sensitivity = refs.qdq_sensitivity
+    profile_at = 1 if 1 in threads else min(threads)
+    for t in threads:
+        for runtime in RUNTIMES:
+            row, runner = bench_runtime(runtime, built, feed, t, refs, timing)
+            result.rows.append(row)
+            if runtime == "tvm-lowprec-int8" and runner is not None:
+                result.target = runner.compiled.spec.name
+                if t == profile_at:
+                    result.profile = profile_kernels(runner, feed, timing, t)
+            del runner
+    return result
+
+
+# ---------------------------------------------------------------- metadata and writers
+
+def git_revision(repo: Path) -> str:
+    """Short commit of the checkout holding ``repo``, noting uncommitted changes under tvm_lowprec/."""
+    try:
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "tvm_lowprec"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"{rev} (tvm_lowprec/ has uncommitted changes)" if dirty else rev
+
+
+def run_metadata(args: argparse.Namespace, timing: Timing, load_start, git_start: str) -> dict:
+    git_end = git_revision(LOWPREC_ROOT)
+    git = git_start if git_end == git_start else f"{git_start} at start, {git_end} at end"
+    return collect_metadata(
+        benchmark="reference models",
+        models=args.models,
+        threads=args.threads,
+        timing=asdict(timing),
+        quick=args.quick,
+        tvm_lowprec={"version": tvm_lowprec.__version__, "path": str(LOWPREC_ROOT), "git": git},
+        environment={k: os.environ.get(k) for k in ("TVM_THREAD_POOL_SPIN_COUNT", "OMP_WAIT_POLICY",
+                                                    "TVM_NUM_THREADS", "OPENBLAS_CORETYPE")},
+        ort_session={"intra_op_num_threads": "threads", "inter_op_num_threads": 1,
+                     "session.intra_op.allow_spinning": "0"},
+        cosine_ok=COSINE_OK,
+        loadavg_start=load_start,
+    )
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in _json_safe(row).items()})
+
+
+def write_json(results: list[ModelResult], meta: dict, path: Path) -> None:
+    models = {r.name: {"description": r.description, "error": r.error, "target": r.target, "build": r.build,
+                       "qdq_sensitivity": {"perturbation": PERTURBATION, "cosine": r.qdq_sensitivity},
+                       "profile": r.profile} for r in results}
+    rows = [row for r in results for row in r.rows]
+    payload = {"metadata": meta, "models": models, "results": rows}
+    path.write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- Markdown report
+
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "n/a"
+    if row["status"] in ("error", "skipped"):
+        return "error" if row["status"] == "error" else "n/a"
+    return _ms(row["ms"]) + (" !" if row["status"] == "mismatch" else "")
+
+
+def _ratio(row: dict | None, base: dict | None) -> str:
+    measured = ("ok", "mismatch")
+    if row is None or base is None or row["status"] not in measured or base["status"] not in measured:
+        return "—"
+    return f"{row['ms'] / base['ms']:.2f}x"
+
+
+def _find(rows: list[dict], runtime: str, threads: int) -> dict | None:
+    return next((r for r in rows if r["runtime"] == runtime and r["threads"] == threads), None)
+
+
+def latency_table(result: ModelResult, threads: list[int]) -> list[str]:
+    head = ["runtime"] + [f"{t} thr (ms)" for t in threads]
+    head += [f"÷ ORT INT8 ({t} thr)" for t in threads] + [f"÷ ORT FP32 ({t} thr)" for t in threads]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
+    for runtime in RUNTIMES:
+        found = [_find(result.rows, runtime, t) for t in threads]
+        cells = [_cell(r) for r in found]
+        cells += [_ratio(r, _find(result.rows, "ort-int8", t)) for r, t in zip(found, threads)]
+        cells += [_ratio(r, _find(result.rows, "ort-fp32", t)) for r, t in zip(found, threads)]
+        label = f"**{LABELS[runtime]}**" if runtime == "tvm-lowprec-int8" else LABELS[runtime]
+        lines.append("| " + " | ".join([label] + cells) + " |")
+    return lines
+
+
+def _fmt_cos(value) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.6f}"
+
+
+def _fmt_diff(value) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def check_table(result: ModelResult) -> list[str]:
+    lines = ["| runtime | threads | cos vs ORT INT8 (QDQ as written) | max abs diff | cos vs ORT INT8 (fused) "
+             "| cos vs ORT FP32 | verdict |", "|---|---:|---:|---:|---:|---:|---|"]
+    for row in result.rows:
+        if row["status"] not in ("ok", "mismatch"):
+            continue
+        verdict = {"tvm-lowprec-int8": "OK", "tvm-fp32": "OK"}.get(row["runtime"], "(reference)")
+        verdict = "**MISMATCH**" if row["status"] == "mismatch" else verdict
+        lines.append(f"| {LABELS[row['runtime']]} | {row['threads']} | {_fmt_cos(row['cos_vs_ort_int8_qdq'])} | "
+                     f"{_fmt_diff(row['max_abs_diff_vs_ort_int8_qdq'])} | {_fmt_cos(row['cos_vs_ort_int8'])} | "
+                     f"{_fmt_cos(row['cos_vs_ort_fp32'])} | {verdict} |")
+    return lines
+
+
+def sensitivity_line(value: float | None) -> str:
+    if value is None:
+        return "QDQ graph sensitivity: n/a (integer inputs)."
+    return (f"QDQ graph sensitivity: scaling the input by 1 + {PERTURBATION:g}·N(0, 1) moves ORT's own QDQ output to "
+            f"cosine {_fmt_cos(value)} (quantization steps flip at rounding boundaries); a tvm-lowprec cosine near "
+            f"or above this is rounding noise, well below it is a real difference.")
+
+
+def _short(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+_GLUE = {"fused", "dequantize", "quantize", "cast", "tir", "round", "clip"}
+
+
+def _op_summary(row: dict) -> str:
+    """The operator column: the kernel's op, or for a fused generic kernel the distinct operators in its
+    name, less the quantize/cast/round/clip glue (``fused_matmul_cast4_multiply1_tir_round_add...`` ->
+    ``matmul, multiply, add``: a generic int32 matmul and its requantization)."""
+    if row["op"] != row["name"].rstrip("0123456789_"):
+        return row["op"]
+    ops, prefix = [], ""
+    for token in row["name"].split("_"):
+        word = token.rstrip("0123456789")
+        if word == "fast":  # fast_softmax, fast_erf, fast_exp: TVM's approximations
+            prefix = "fast_"
+            continue
+        word, prefix = (prefix + word if word else word), ""
+        if word and word not in _GLUE and word not in ops:
+            ops.append(word)
+    return ", ".join(ops) if ops else "quantize/dequantize"
+
+
+def profile_table(profile: dict | None, end_to_end: dict | None) -> list[str]:
+    if not profile:
+        return ["No profile (tvm-lowprec INT8 did not run)."]
+    if profile.get("error"):
+        return [f"Profile failed: {profile['error']}"]
+    total = profile["total_ms"]
+    e2e = f"; end to end (time_evaluator) {_ms(end_to_end['ms'])} ms" if end_to_end and end_to_end.get("ms") else ""
+    plural = "s" if profile["threads"] > 1 else ""
+    lines = [f"Top {PROFILE_TOP} of {profile['kernels']} kernels at {profile['threads']} thread{plural}; "
+             f"kernel times sum to {_ms(total)} ms{e2e}.", "",
+             "| # | kernel | op | intrinsic | shape | ms | share |", "|---:|---|---|---|---|---:|---:|"]
+    for i, r in enumerate(profile["rows"][:PROFILE_TOP], 1):
+        lines.append(f"| {i} | `{_short(r['name'])}` | {_op_summary(r)} | {r['intrinsic']} | {r['shape']} | "
+                     f"{_ms(r['ms'])} | {r['share'] * 100:.1f}% |")
+    return lines
+
+
+def _notes(result: ModelResult) -> list[str]:
+    errors = [r for r in result.rows if r.get("error")]
+    seen, lines = set(), []
+    for r in errors:
+        key = (r["runtime"], r["error"])
+        if key in seen:
+            continue
+        seen.add(key)
+        threads = ",".join(str(x["threads"]) for x in errors if (x["runtime"], x["error"]) == key)
+        lines.append(f"- {LABELS[r['runtime']]} ({threads} thr): {r['status']}: `{r['error']}`")
+    slow = [r for r in result.rows if r.get("slow")]
+    for r in slow:
+        lines.append(f"- {LABELS[r['runtime']]} ({r['threads']} thr): slow, timed by {r['repeat']} single call(s)")
+    return lines
+
+
+def _header(meta: dict) -> list[str]:
+    versions = meta["versions"]
+    cpu = meta["host"]["cpu"]
+    flags = ", ".join(f for f, on in cpu["flags"].items() if on) or "none"
+    return [
+        "# Reference models: tvm-lowprec INT8 vs ONNX Runtime and TVM FP32", "",
+        f"{meta['date']} · {cpu['model']} ({cpu['logical_cpus']} logical CPUs; {flags}) · "
+        f"tvm-lowprec {meta['tvm_lowprec']['version']} @ {meta['tvm_lowprec']['git']} · TVM {versions['tvm']} · "
+        f"ONNX Runtime {versions['onnxruntime']} · onnx {versions['onnx']} · numpy {versions['numpy']}", "",
+        f"Load average at start {meta['loadavg_start']}, at end {meta['loadavg_end']} (other processes on "
+        "these cores distort the numbers, 2 threads most). Latency: median ms per call, batch 1. "
+        "`÷ ORT ...`: this row's latency divided by ORT's at the same thread count (above 1: slower than ORT). "
+        f"`!`: output check failed (cosine < {COSINE_OK}); `error`: failed, see notes.", "",
+    ]
+
+
+def render_report(results: list[ModelResult], meta: dict, threads: list[int]) -> str:
+    lines = _header(meta)
+    for result in results:
+        target = f" · target `{result.target}`" if result.target else ""
+        lines += [f"## {result.name}", "", result.description + target, ""]
+        if result.error:
+            lines += [f"**Not run:** {result.error}", ""]
+            continue
+        lines += latency_table(result, threads) + [""]
+        lines += [f"Output check (output `{MODELS[result.name].output}`):", ""] + check_table(result) + [""]
+        lines += [sensitivity_line(result.qdq_sensitivity), ""]
+        prof_threads = result.profile["threads"] if result.profile else None
+        lines += ["tvm-lowprec INT8 per-kernel profile:", ""]
+        lines += profile_table(result.profile, _find(result.rows, "tvm-lowprec-int8", prof_threads)) + [""]
+        notes = _notes(result)
+        lines += (["Notes:", ""] + notes + [""]) if notes else []
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- CLI
+
+def parse_models(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown model(s) {unknown or text!r}; known: {', '.join(MODELS)}")
+    return names
+
+
+def parse_threads(text: str) -> list[int]:
+    try:
+        threads = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"bad thread list {text!r}: {err}") from None
+    if not threads or min(threads) < 1:
+        raise argparse.ArgumentTypeError(f"thread counts must be >= 1: {text!r}")
+    return threads
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=parse_models, default=list(MODELS),
+                        help=f"comma-separated (default: {','.join(MODELS)})")
+    parser.add_argument("--threads", type=parse_threads, default=[1, 2], help="comma-separated (default: 1,2)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timed repeats per point (median); default 10, 3 with --quick")
+    parser.add_argument("--quick", action="store_true", help="shorter timing (a smoke test)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="model cache folder (build.py's)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    timing = QUICK_TIMING if args.quick else DEFAULT_TIMING
+    if args.repeat is not None:
+        if args.repeat < 1:
+            raise SystemExit("--repeat must be >= 1")
+        timing = replace(timing, repeat=args.repeat)
+    load_start, git_start = load_average(), git_revision(LOWPREC_ROOT)
+    results = []
+    for name in args.models:
+        _log(f"{name}: {MODELS[name].description}")
+        results.append(bench_model(MODELS[name], args.threads, timing, args.cache))
+    meta = run_metadata(args, timing, load_start, git_start)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv([row for r in results for row in r.rows], args.out / "results.csv")
+    write_json(results, meta, args.out / "results.json")
+    report = render_report(results, meta, args.threads)
+    (args.out / "report.md").write_text(report + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
