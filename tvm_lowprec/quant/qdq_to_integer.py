@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from ..errors import LowPrecError
+from ..kernels.im2col import build_im2col
 from ..kernels.pack_b import build_pack_b
 from ..kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, pack_weights
 from ..targets import TargetSpec
@@ -339,27 +340,13 @@ MATCHERS = (match_requantized_linear, match_integer_linear, match_runtime_qlinea
 
 
 def _im2col(builder, x, geometry: ConvGeometry, pad_value: int):
-    """``cols[(b, oh, ow), (c, kh, kw)]``, padded with the activation zero point (real zero)."""
-    from tvm import te, tirx
-
+    """``cols[(b, oh, ow), (c, kh, kw)]`` as a 2-D view of :func:`~tvm_lowprec.kernels.im2col.build_im2col`."""
     g = geometry
-    (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = g.out_hw, g.kernel, g.strides, g.dilation
-    top, left = g.padding[0], g.padding[1]
-    h_n, w_n = g.in_hw
-
-    def compute(data):
-        def element(r, c):
-            b, rest = r // (oh_n * ow_n), r % (oh_n * ow_n)
-            ci, kk = c // (kh_n * kw_n), c % (kh_n * kw_n)
-            ih = (rest // ow_n) * sh + (kk // kw_n) * dh - top
-            iw = (rest % ow_n) * sw + (kk % kw_n) * dw - left
-            inside = tirx.all(ih >= 0, ih < h_n, iw >= 0, iw < w_n)
-            safe_h, safe_w = tirx.max(tirx.min(ih, h_n - 1), 0), tirx.max(tirx.min(iw, w_n - 1), 0)
-            return tirx.if_then_else(inside, data[b, ci, safe_h, safe_w], tirx.const(pad_value, data.dtype))
-
-        return te.compute((g.rows, g.depth), element, name="im2col")
-
-    return builder.emit(builder.call_te(compute, x, primfunc_name_hint="im2col"))
+    name = f"im2col_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}"
+    gvar = builder.add_func(build_im2col(g, dtype_of(x), pad_value, name), name)
+    shape6 = (g.batch, *g.out_hw, g.channels, *g.kernel)
+    cols = builder.emit(relax.call_tir(gvar, [x], relax.TensorType(shape6, dtype_of(x))))
+    return builder.emit(relax.op.reshape(cols, (g.rows, g.depth)))
 
 
 def _gemm_input(builder, match: QGemmMatch):

@@ -1,9 +1,9 @@
 """Schedule rules: each takes a PrimFunc and a TargetSpec and returns a Schedule, or None to decline."""
 
 from .elementwise import ElementwiseRule
-from .qgemm import PackBRule, QGemmRule
+from .qgemm import Im2colRule, PackBRule, QGemmRule
 
-DEFAULT_RULES = (QGemmRule(), PackBRule(), ElementwiseRule())
+DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), ElementwiseRule())
 
 
 def schedule_func(func, spec, rules=DEFAULT_RULES):
@@ -15,4 +15,4 @@ def schedule_func(func, spec, rules=DEFAULT_RULES):
     return None
 
 
-__all__ = ["DEFAULT_RULES", "ElementwiseRule", "PackBRule", "QGemmRule", "schedule_func"]
+__all__ = ["DEFAULT_RULES", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "schedule_func"]

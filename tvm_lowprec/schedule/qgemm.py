@@ -123,3 +123,16 @@ class PackBRule:
             loops = sch.get_loops(block)
             sch.parallel(sch.fuse(loops[0], loops[1]) if sch.get(block).name_hint == "B_packed" else loops[0])
         return sch
+
+
+class Im2colRule:
+    """im2col (:func:`~tvm_lowprec.kernels.im2col.build_im2col`): parallel over output rows
+    ``(batch, oh)``; the short inner copies are left to LLVM."""
+
+    def apply(self, func, spec):
+        if func.attrs is None or func.attrs.get("lowprec.op", None) != "im2col":
+            return None
+        sch = Schedule(func)
+        loops = sch.get_loops(sch.get_sblock("im2col"))
+        sch.parallel(sch.fuse(loops[0], loops[1]))
+        return sch
