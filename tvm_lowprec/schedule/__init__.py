@@ -1,9 +1,13 @@
 """Schedule rules: each takes a PrimFunc and a TargetSpec and returns a Schedule, or None to decline."""
 
+from tvm.s_tir.dlight import cpu as _dlight_cpu
+
+from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 
-DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), ElementwiseRule())
+# in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
+DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), ElementwiseRule(), DlightRule(_dlight_cpu.Reduction()))
 
 
 def schedule_func(func, spec, rules=DEFAULT_RULES):
@@ -15,4 +19,4 @@ def schedule_func(func, spec, rules=DEFAULT_RULES):
     return None
 
 
-__all__ = ["DEFAULT_RULES", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "schedule_func"]
+__all__ = ["DEFAULT_RULES", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "schedule_func"]

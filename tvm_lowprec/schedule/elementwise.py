@@ -1,11 +1,13 @@
 """Fallback rule for the remaining injective PrimFuncs (quantize, dequantize, casts, reshapes).
 
-Fuses the loop nest, parallelises the outer part and vectorises the inner part. Declines functions
-with reductions or more than one block (those need a rule of their own).
+Inlines every block into the last one (a fused chain of injective operators becomes one loop nest),
+fuses the loop nest, parallelises the outer part and vectorises the inner part. Declines functions
+with reductions (those need a rule of their own) and chains that cannot be inlined.
 """
 
 from __future__ import annotations
 
+import tvm
 from tvm.s_tir import Schedule
 
 _VECTOR = 16
@@ -18,11 +20,14 @@ class ElementwiseRule:
             return None
         sch = Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
-        if len(blocks) != 1:
-            return None
-        block = blocks[0]
-        if any(iv.iter_type != 0 for iv in sch.get(block).iter_vars):
-            return None  # a reduction: not ours
+        if not blocks or any(iv.iter_type != 0 for b in blocks for iv in sch.get(b).iter_vars):
+            return None  # empty, or a reduction: not ours
+        for producer in blocks[:-1]:
+            try:
+                sch.compute_inline(producer)
+            except tvm.s_tir.schedule.ScheduleError:
+                return None
+        block = blocks[-1]
         loops = sch.get_loops(block)
         if not loops:
             return None
