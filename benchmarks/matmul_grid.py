@@ -25,6 +25,7 @@ try:
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import tvm_lowprec.bench as bench
+from tvm_lowprec.bench.cli_args import names_parser, parse_threads  # noqa: E402
 
 SQUARE = [(s, s, s) for s in (256, 512, 1024, 2048)]
 TRANSFORMER = [(m, n, k) for m in (1, 16, 128, 512) for n, k in ((3072, 768), (768, 3072), (4096, 4096))]
@@ -45,28 +46,10 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def parse_providers(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in bench.PROVIDERS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown provider(s) {unknown}; known: {', '.join(bench.PROVIDERS)}")
-    return names
-
-
-def parse_threads(text: str) -> list[int]:
-    try:
-        threads = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"bad thread list {text!r}: {err}") from None
-    if not threads or min(threads) < 1:
-        raise argparse.ArgumentTypeError(f"thread counts must be >= 1: {text!r}")
-    return threads
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 shapes and shorter timing")
-    parser.add_argument("--providers", type=parse_providers, default=DEFAULT_PROVIDERS,
+    parser.add_argument("--providers", type=names_parser(bench.PROVIDERS, "provider"), default=DEFAULT_PROVIDERS,
                         help=f"comma-separated, in column order (default: {','.join(DEFAULT_PROVIDERS)})")
     parser.add_argument("--threads", type=parse_threads, default=[1, 2], help="comma-separated (default: 1,2)")
     parser.add_argument("--shapes", type=parse_shapes, default=None,

@@ -21,7 +21,6 @@ os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
-import csv  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
@@ -46,7 +45,9 @@ from models.build import (  # noqa: E402
     DEFAULT_CACHE, MODELS, BuiltModel, ModelSpec, ModelUnavailable, ensure_model, make_feed,
 )
 from tvm_lowprec.bench.hostinfo import collect_metadata, load_average  # noqa: E402
+from tvm_lowprec.bench.cli_args import names_parser, parse_threads  # noqa: E402
 from tvm_lowprec.bench.providers import ort_session  # noqa: E402
+from tvm_lowprec.bench.report import json_safe, write_csv  # noqa: E402
 
 LOWPREC_ROOT = Path(tvm_lowprec.__file__).resolve().parents[1]  # the checkout actually imported
 
@@ -394,33 +395,13 @@ def run_metadata(args: argparse.Namespace, timing: Timing, load_start, git_start
     )
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "" if v is None else v for k, v in _json_safe(row).items()})
-
-
 def write_json(results: list[ModelResult], meta: dict, path: Path) -> None:
     models = {r.name: {"description": r.description, "error": r.error, "target": r.target, "build": r.build,
                        "qdq_sensitivity": {"perturbation": PERTURBATION, "cosine": r.qdq_sensitivity},
                        "profile": r.profile} for r in results}
     rows = [row for r in results for row in r.rows]
     payload = {"metadata": meta, "models": models, "results": rows}
-    path.write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
+    path.write_text(json.dumps(json_safe(payload), indent=2) + "\n")
 
 
 # ---------------------------------------------------------------- Markdown report
@@ -587,27 +568,9 @@ def render_report(results: list[ModelResult], meta: dict, threads: list[int]) ->
 
 # ---------------------------------------------------------------- CLI
 
-def parse_models(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown model(s) {unknown or text!r}; known: {', '.join(MODELS)}")
-    return names
-
-
-def parse_threads(text: str) -> list[int]:
-    try:
-        threads = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"bad thread list {text!r}: {err}") from None
-    if not threads or min(threads) < 1:
-        raise argparse.ArgumentTypeError(f"thread counts must be >= 1: {text!r}")
-    return threads
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=parse_models, default=list(MODELS),
+    parser.add_argument("--models", type=names_parser(MODELS, "model"), default=list(MODELS),
                         help=f"comma-separated (default: {','.join(MODELS)})")
     parser.add_argument("--threads", type=parse_threads, default=[1, 2], help="comma-separated (default: 1,2)")
     parser.add_argument("--repeat", type=int, default=None,
@@ -632,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(bench_model(MODELS[name], args.threads, timing, args.cache))
     meta = run_metadata(args, timing, load_start, git_start)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv([row for r in results for row in r.rows], args.out / "results.csv")
+    write_csv([row for r in results for row in r.rows], args.out / "results.csv", CSV_FIELDS)
     write_json(results, meta, args.out / "results.json")
     report = render_report(results, meta, args.threads)
     (args.out / "report.md").write_text(report + "\n")

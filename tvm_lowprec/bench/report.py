@@ -16,29 +16,31 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _json_safe(value):
+def json_safe(value):
     """NaN and infinities become ``None`` (JSON has no NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {str(key): json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
+        return [json_safe(item) for item in value]
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy scalars
+        return json_safe(value.item())
     return value
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    """One line per point, columns :data:`CSV_FIELDS` (NaN written as an empty cell)."""
+def write_csv(rows: list[dict], path: Path, fields=CSV_FIELDS) -> None:
+    """One line per point, columns ``fields`` (NaN written as an empty cell)."""
     with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({key: ("" if value is None else value) for key, value in _json_safe(row).items()})
+            writer.writerow({key: ("" if value is None else value) for key, value in json_safe(row).items()})
 
 
 def write_json(rows: list[dict], meta: dict, path: Path) -> None:
     """``{"metadata": meta, "results": rows}``, indented."""
-    path.write_text(json.dumps(_json_safe({"metadata": meta, "results": rows}), indent=2) + "\n")
+    path.write_text(json.dumps(json_safe({"metadata": meta, "results": rows}), indent=2) + "\n")
 
 
 # ---------------------------------------------------------------- Markdown
