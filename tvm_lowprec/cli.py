@@ -37,16 +37,24 @@ def _table(rows: list[dict]) -> str:
 
 
 def _random_inputs(compiled, seed: int) -> dict:
+    """Normal floats; 8-bit inputs over their whole range; wider integer inputs are token-id-like
+    (small non-negative values), and any input named like a mask is all ones."""
     rng = np.random.default_rng(seed)
     inputs = {}
     for spec in compiled.inputs:
         if any(not isinstance(d, int) for d in spec.shape):
-            raise SystemExit(f"input {spec.name!r} has a dynamic shape {spec.shape}: not supported by `run` yet")
+            raise SystemExit(
+                f"input {spec.name!r} has a dynamic shape {spec.shape}: fix it with from_onnx(..., shape_dict=...)"
+            )
         if spec.dtype.startswith("float"):
             inputs[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
-        else:
+        elif "mask" in spec.name.lower():
+            inputs[spec.name] = np.ones(spec.shape, spec.dtype)
+        elif np.dtype(spec.dtype).itemsize == 1:
             info = np.iinfo(spec.dtype)
             inputs[spec.name] = rng.integers(info.min, info.max + 1, spec.shape).astype(spec.dtype)
+        else:
+            inputs[spec.name] = rng.integers(0, 1000, spec.shape).astype(spec.dtype)
     return inputs
 
 
