@@ -126,13 +126,16 @@ class PackBRule:
 
 
 class Im2colRule:
-    """im2col (:func:`~tvm_lowprec.kernels.im2col.build_im2col`): parallel over output rows
-    ``(batch, oh)``; the short inner copies are left to LLVM."""
+    """im2col (:func:`~tvm_lowprec.kernels.im2col.build_im2col`): the padding copy and the gather,
+    each parallel over its two outer loops; the gather's short kernel-width loop unrolled."""
 
     def apply(self, func, spec):
         if func.attrs is None or func.attrs.get("lowprec.op", None) != "im2col":
             return None
         sch = Schedule(func)
-        loops = sch.get_loops(sch.get_sblock("im2col"))
-        sch.parallel(sch.fuse(loops[0], loops[1]))
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            loops = sch.get_loops(block)
+            sch.parallel(sch.fuse(loops[0], loops[1]))
+            if sch.get(block).name_hint == "im2col":
+                sch.unroll(loops[-1])
         return sch
