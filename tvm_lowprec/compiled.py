@@ -118,8 +118,9 @@ class Compiled:
         return float(np.median(timer(*tensors).results))
 
     def profile(self, *args, repeat: int = 20, **kwargs) -> list[dict]:
-        """Per-kernel time: one row per generated kernel (its :meth:`kernels` fields plus ``ms``, the
-        median over ``repeat`` runs, and ``share`` of the summed kernel time), slowest first.
+        """Per-kernel time: one row per generated kernel (its :meth:`kernels` fields plus ``ms``, its time
+        per model run summed over all its calls (identical layers share one kernel), median over
+        ``repeat`` runs, and ``share`` of the summed kernel time), slowest first.
 
         Times come from a VM instrument around each kernel call; the callback's own overhead (a few
         microseconds a call) is included, so sub-10 us kernels read high.
@@ -146,8 +147,8 @@ class Compiled:
         for info in self.kernels():
             times = samples.get(info.name)
             if times:
-                per_call = float(np.median(times)) * len(times) / repeat  # a kernel may run several times
-                rows.append({**info.as_row(), "ms": per_call * 1e3})
+                per_run = float(np.median(times)) * len(times) / repeat  # a kernel may run several times
+                rows.append({**info.as_row(), "ms": per_run * 1e3, "calls": len(times) // repeat})
         total = sum(r["ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["ms"] / total
