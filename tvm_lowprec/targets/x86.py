@@ -76,7 +76,7 @@ X86_TARGETS = (
         gemm=PMADDWD_512,
         tiles=_MADD_ZMM_TILES,
         bounded=(GemmRecipe(PMADDUBSW_512, _UBSW_ZMM_TILES),),
-        description="AVX-512BW without VNNI: exact int16 vpmaddwd zmm (never the saturating vpmaddubsw)",
+        description="AVX-512BW without VNNI: exact int16 vpmaddwd zmm; vpmaddubsw only for weights proven not to saturate",
     ),
     TargetSpec(
         name="x86-avx2",
@@ -85,6 +85,6 @@ X86_TARGETS = (
         gemm=PMADDWD_256,
         tiles=_MADD_YMM_TILES,
         bounded=(GemmRecipe(PMADDUBSW_256, _UBSW_YMM_TILES),),
-        description="AVX2: exact int16 vpmaddwd ymm (never the saturating vpmaddubsw)",
+        description="AVX2: exact int16 vpmaddwd ymm; vpmaddubsw only for weights proven not to saturate",
     ),
 )
