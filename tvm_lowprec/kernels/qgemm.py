@@ -170,9 +170,12 @@ def _pad_vec(v: np.ndarray, n: int, dtype) -> np.ndarray:
 
 
 def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, scale, fbias=None, zcoef=None):
-    """The per-column constant arrays the PrimFunc takes after packed B, padded to ``np_``."""
+    """The per-column constant arrays the PrimFunc takes after packed B, padded to ``np_``.
+
+    ``corr=None``: the weights are packed at run time, which makes ``corr`` too (:mod:`.pack_b`).
+    """
     np_ = layout.np_
-    params = [_pad_vec(np.asarray(corr, np.int32), np_, np.int32)]
+    params = [] if corr is None else [_pad_vec(np.asarray(corr, np.int32), np_, np.int32)]
     if problem.runtime_a_zero_point:
         params.append(_pad_vec(np.asarray(zcoef, np.int32), np_, np.int32))
     if problem.row_term:

@@ -16,7 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .patterns import call_of, constant, dtype_of
+from .patterns import call_of, constant, dtype_of, first_call
 
 MOVEMENT_OPS = ("reshape", "permute_dims", "squeeze", "expand_dims", "flatten", "nn.max_pool2d")
 
@@ -27,14 +27,6 @@ def _same_params(q, dq, lookup) -> bool:
         return False
     qs, qz, ds, dz = (np.asarray(v).reshape(()) for v in values)
     return qs == ds and int(qz) == int(dz) and str(q.attrs.out_dtype) == dtype_of(dq.args[0])
-
-
-def _movement(expr, lookup):
-    for name in MOVEMENT_OPS:
-        call = call_of(expr, name, lookup)
-        if call is not None:
-            return call
-    return None
 
 
 @relax.expr_functor.mutator
@@ -52,7 +44,7 @@ class _Folder(relax.PyExprMutator):
         if dq is not None and _same_params(call, dq, lookup):
             self.folded += 1
             return dq.args[0]
-        move = _movement(call.args[0], lookup)
+        move = first_call(call.args[0], MOVEMENT_OPS, lookup)
         dq = call_of(move.args[0], "dequantize", lookup) if move is not None else None
         if dq is None or not _same_params(call, dq, lookup):
             return call

@@ -35,6 +35,15 @@ def call_of(expr, name: str, lookup):
 _FOLDABLE = {"relax.multiply": np.multiply, "relax.divide": np.divide}
 
 
+def first_call(expr, names, lookup):
+    """The call producing ``expr`` if it is a call to any of ``relax.<name>`` for ``names``, else None."""
+    for name in names:
+        call = call_of(expr, name, lookup)
+        if call is not None:
+            return call
+    return None
+
+
 def constant(expr, lookup=None) -> np.ndarray | None:
     """The value of a constant, also through a var binding and constant ``multiply``/``divide``
     (an importer's ``x_scale * w_scale``, folded later by FoldConstant)."""

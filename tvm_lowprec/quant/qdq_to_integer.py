@@ -27,6 +27,7 @@ from .patterns import (
     QParams,
     call_of,
     constant,
+    first_call,
     conv_geometry,
     dequantized_activation,
     dequantized_conv_weight,
@@ -118,11 +119,7 @@ _LINEAR_OPS = ("matmul", "nn.conv2d")
 
 
 def _linear_call(expr, lookup):
-    for name in _LINEAR_OPS:
-        core = call_of(expr, name, lookup)
-        if core is not None:
-            return core
-    return None
+    return first_call(expr, _LINEAR_OPS, lookup)
 
 
 def _linear_operands(expr, lookup):
@@ -468,8 +465,7 @@ def emit_runtime_packed(builder, match: RuntimeQMatmul, spec: TargetSpec):
     name = f"qgemm_batched_{problem.a_dtype[0]}8_{batch}x{m}x{n}x{k}"
     gvar = builder.add_func(build_qgemm(problem, layout, name).with_attr("op_pattern", 8), name)
     mult = np.float32(np.float32(sx) * np.float32(sw)) / np.float32(sy)
-    params = [np.full(layout.np_, -zb_p, np.int32)] if zb_p else []
-    params.append(np.full(layout.np_, mult, np.float32))
+    params = epilogue_params(problem, layout, None, np.full(n, -zb_p, np.int32), mult)
     x3 = builder.emit(relax.op.reshape(match.x, (batch, m, k)))
     args = [x3, builder.emit(relax.TupleGetItem(packed, 0)), builder.emit(relax.TupleGetItem(packed, 1))]
     args += [relax.const(v) for v in params]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import tvm
 from tvm.s_tir import Schedule
 
+from .blocks import find_block
+
 _VECTOR = 16
 _MIN_PARALLEL = 1 << 14  # below this many elements a thread fork costs more than it saves
 
@@ -19,7 +21,8 @@ class ElementwiseRule:
         if func.attrs is not None and func.attrs.get("lowprec.op", None) is not None:
             return None
         sch = Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
+        root = find_block(sch, "root")  # te-made funcs have a root block, TVMScript ones may not
+        blocks = sch.get_child_blocks(root) if root is not None else []
         if not blocks or any(iv.iter_type != 0 for b in blocks for iv in sch.get(b).iter_vars):
             return None  # empty, or a reduction: not ours
         for producer in blocks[:-1]:
@@ -44,11 +47,3 @@ class ElementwiseRule:
         elif total >= _MIN_PARALLEL:
             sch.parallel(fused)
         return sch
-
-
-def _has_root(sch) -> bool:
-    try:
-        sch.get_sblock("root")
-        return True
-    except Exception:  # noqa: BLE001 - te-made funcs have a root block, TVMScript ones may not
-        return False

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
+from .blocks import find_block
+
 
 def _is_qgemm(func) -> bool:
     return func.attrs is not None and func.attrs.get("lowprec.op", None) == "qgemm"
@@ -42,9 +44,8 @@ class QGemmRule:
     @staticmethod
     def _prepare_inputs(sch):
         for name in ("A_prepared", "rowsum"):
-            try:
-                block = sch.get_sblock(name)
-            except Exception:  # noqa: BLE001 - the block is optional: absent means nothing to prepare
+            block = find_block(sch, name)  # optional: absent means nothing to prepare
+            if block is None:
                 continue
             loops = sch.get_loops(block)
             sch.parallel(loops[0])
@@ -92,9 +93,7 @@ def _fuse_epilogue(sch, epi, loop):
     separate pass: it then stays a pass of its own over the whole accumulator (rare: symmetric
     weights, the common case, have no such term).
     """
-    try:
-        sch.get_sblock("rowsum")
-    except Exception:  # noqa: BLE001 - no row term: fuse
+    if find_block(sch, "rowsum") is None:  # no row term: fuse
         sch.reverse_compute_at(epi, loop)
         return
     sch.parallel(sch.get_loops(epi)[0])
