@@ -122,6 +122,45 @@ def fp32_cnn(shape=(1, 3, 16, 16), seed=0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def fp32_block_net(shape=(1, 8, 16, 16), seed=0, classes=10) -> onnx.ModelProto:
+    """The operators between a CNN's convolutions: Conv+SiLU (Sigmoid*Mul), a residual Add + Relu,
+    MaxPool, Concat of two branches, nearest Resize x2, AveragePool, GlobalAveragePool, Flatten, Gemm."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def node(op, inputs, out, **attrs):
+        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+    def conv(x, c_in, c_out, k, name, stride=1):
+        w = const(f"{name}_w", rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k))
+        b = const(f"{name}_b", rng.standard_normal(c_out) * 0.1)
+        return node("Conv", [x, w, b], name, pads=[k // 2] * 4, strides=[stride, stride])
+
+    c = shape[1]
+    a = conv("x", c, 16, 3, "conv0")
+    a = node("Mul", [a, node("Sigmoid", [a], "sig0")], "silu0")
+    r = node("Relu", [conv(a, 16, 16, 3, "conv1")], "relu1")
+    a = node("Relu", [node("Add", [conv(r, 16, 16, 3, "conv2"), a], "res")], "relu2")
+    p = node("MaxPool", [a], "pool", kernel_shape=[2, 2], strides=[2, 2])
+    left, right = conv(p, 16, 8, 1, "conv3"), node("Relu", [conv(p, 16, 8, 3, "conv4")], "relu4")
+    cat = node("Concat", [left, right], "cat", axis=1)
+    up = node("Resize", [cat, "", const("scales", [1, 1, 2, 2])], "up", mode="nearest")
+    a = node("AveragePool", [conv(up, 16, 16, 3, "conv5", stride=2)], "avg", kernel_shape=[2, 2], strides=[2, 2])
+    flat = node("Flatten", [node("GlobalAveragePool", [a], "gap")], "flat", axis=1)
+    w = const("fc_w", rng.standard_normal((classes, 16)) / 4)
+    node("Gemm", [flat, w, const("fc_b", rng.standard_normal(classes) * 0.1)], "y", transB=1)
+    graph = helper.make_graph(
+        nodes, "blocks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def qlinear_conv(x_shape, c_out, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True,
                  per_channel=True, x_dtype="uint8", group=1, seed=0) -> onnx.ModelProto:
     """One QLinearConv with constant weights (int8, per output channel) and an int32 bias."""

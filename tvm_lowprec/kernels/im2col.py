@@ -1,5 +1,6 @@
-"""im2col for NCHW convolutions: ``cols[b, oh, ow, c, kh, kw]`` (a 2-D GEMM operand once reshaped,
-which costs nothing), padded with the activation zero point, i.e. real zero.
+"""im2col for NHWC activations: ``cols[b, oh, ow, kh, kw, c]`` (a 2-D GEMM operand ``[(b, oh, ow),
+(kh, kw, c)]`` once reshaped, which costs nothing), padded with the activation zero point, i.e. real
+zero. Each (oh, ow, kh, kw) copies one contiguous run of C channels.
 
 Two blocks: the input is first copied into a padded buffer (filled with the zero point), so the
 gather that follows has no bounds test per element; written 6-D, no index needs a division.
@@ -15,19 +16,19 @@ def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col"):
     (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = g.out_hw, g.kernel, g.strides, g.dilation
     top, left, bottom, right = g.padding
     h_n, w_n = g.in_hw
-    x = te.placeholder((g.batch, g.channels, h_n, w_n), dtype, name="x")
+    x = te.placeholder((g.batch, h_n, w_n, g.channels), dtype, name="x")
     source = x
     if any(g.padding):
-        def pad(b, c, i, j):
+        def pad(b, i, j, c):
             inside = tirx.all(i >= top, i < top + h_n, j >= left, j < left + w_n)
-            value = x[b, c, tirx.max(tirx.min(i - top, h_n - 1), 0), tirx.max(tirx.min(j - left, w_n - 1), 0)]
+            value = x[b, tirx.max(tirx.min(i - top, h_n - 1), 0), tirx.max(tirx.min(j - left, w_n - 1), 0), c]
             return tirx.if_then_else(inside, value, tirx.const(pad_value, dtype))
 
-        source = te.compute((g.batch, g.channels, h_n + top + bottom, w_n + left + right), pad, name="padded")
+        source = te.compute((g.batch, h_n + top + bottom, w_n + left + right, g.channels), pad, name="padded")
 
-    def element(b, oh, ow, c, kh, kw):
-        return source[b, c, oh * sh + kh * dh, ow * sw + kw * dw]
+    def element(b, oh, ow, kh, kw, c):
+        return source[b, oh * sh + kh * dh, ow * sw + kw * dw, c]
 
-    cols = te.compute((g.batch, oh_n, ow_n, g.channels, kh_n, kw_n), element, name="im2col")
+    cols = te.compute((g.batch, oh_n, ow_n, kh_n, kw_n, g.channels), element, name="im2col")
     func = te.create_prim_func([x, cols])
     return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "im2col", "op_pattern": 8})

@@ -168,16 +168,22 @@ def dequantized_weight(expr, lookup) -> ConstWeight | None:
 
 
 def dequantized_conv_weight(expr, lookup) -> ConstWeight | None:
-    """``dequantize(W)`` with W a constant ``[OC, C, KH, KW]`` -> ``[C*KH*KW, OC]`` GEMM weights."""
+    """``dequantize(W)`` with W a constant ``[OC, C, KH, KW]`` -> GEMM weights (:func:`conv_weight_matrix`)."""
     w, p = _dequantized_constant(expr, lookup, 4, "convolution weight dequantize")
     if w is None or not _per_column(p, w.shape, 0):
         return None
-    return ConstWeight(np.ascontiguousarray(w.reshape(w.shape[0], -1).T), p.scale, p.zero_point)
+    return ConstWeight(conv_weight_matrix(w), p.scale, p.zero_point)
+
+
+def conv_weight_matrix(w: np.ndarray) -> np.ndarray:
+    """OIHW weights -> ``[KH*KW*C, OC]``: the row order of the NHWC im2col columns (kh, kw, c)."""
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(-1, w.shape[0]))
 
 
 @dataclass(frozen=True)
 class ConvGeometry:
-    """A 2-D NCHW/OIHW convolution with one group, as the im2col GEMM sees it."""
+    """A 2-D NCHW/OIHW convolution with one group, as the im2col GEMM sees it (the GEMM itself runs
+    on NHWC activations: rows ``(b, oh, ow)``, depth ``(kh, kw, c)``)."""
 
     batch: int
     channels: int
@@ -195,6 +201,11 @@ class ConvGeometry:
     @property
     def depth(self) -> int:
         return self.channels * self.kernel[0] * self.kernel[1]
+
+    @property
+    def is_pointwise(self) -> bool:
+        """1x1, stride 1, no padding: the NHWC input already is the GEMM operand (no im2col)."""
+        return self.kernel == (1, 1) and self.strides == (1, 1) and not any(self.padding)
 
 
 def conv_geometry(conv) -> ConvGeometry | None:

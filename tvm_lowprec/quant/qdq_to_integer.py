@@ -29,6 +29,7 @@ from .patterns import (
     constant,
     first_call,
     conv_geometry,
+    conv_weight_matrix,
     dequantized_activation,
     dequantized_conv_weight,
     dequantized_weight,
@@ -236,7 +237,7 @@ def match_integer_linear(call, lookup, mode: str) -> QGemmMatch | None:
         geometry = conv_geometry(call)
         if geometry is None or a[2] is not None:
             return None  # the im2col padding needs a constant activation zero point
-        w = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+        w = conv_weight_matrix(w)
     if w is None or w.ndim != 2:
         return None
     n = w.shape[1]
@@ -336,14 +337,21 @@ MATCHERS = (match_requantized_linear, match_integer_linear, match_runtime_qlinea
 # Step 2. Emit: QGemmMatch -> reshape + call_tir(qgemm) + reshape
 
 
+NCHW_TO_NHWC, NHWC_TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
 def _im2col(builder, x, geometry: ConvGeometry, pad_value: int):
-    """``cols[(b, oh, ow), (c, kh, kw)]`` as a 2-D view of :func:`~tvm_lowprec.kernels.im2col.build_im2col`."""
+    """``cols[(b, oh, ow), (kh, kw, c)]``: a 2-D view of the NHWC input (pointwise convolutions) or of
+    :func:`~tvm_lowprec.kernels.im2col.build_im2col`. The NCHW -> NHWC transpose emitted here usually
+    cancels against the previous layer's (:mod:`~tvm_lowprec.quant.propagate_layout`)."""
     g = geometry
-    name = f"im2col_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}"
-    gvar = builder.add_func(build_im2col(g, dtype_of(x), pad_value, name), name)
-    shape6 = (g.batch, *g.out_hw, g.channels, *g.kernel)
-    cols = builder.emit(relax.call_tir(gvar, [x], relax.TensorType(shape6, dtype_of(x))))
-    return builder.emit(relax.op.reshape(cols, (g.rows, g.depth)))
+    x = builder.emit(relax.op.permute_dims(x, NCHW_TO_NHWC))
+    if not g.is_pointwise:
+        name = f"im2col_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}"
+        gvar = builder.add_func(build_im2col(g, dtype_of(x), pad_value, name), name)
+        shape6 = (g.batch, *g.out_hw, *g.kernel, g.channels)
+        x = builder.emit(relax.call_tir(gvar, [x], relax.TensorType(shape6, dtype_of(x))))
+    return builder.emit(relax.op.reshape(x, (g.rows, g.depth)))
 
 
 def _gemm_input(builder, match: QGemmMatch):
@@ -353,7 +361,7 @@ def _gemm_input(builder, match: QGemmMatch):
         if static_shape(match.x) != (g.batch, g.channels, *g.in_hw):
             return None, None, None
         x2 = _im2col(builder, match.x, g, match.x_zero_point)
-        return x2, (g.batch, *g.out_hw), (0, 3, 1, 2)  # [B*OH*OW, OC] -> NCHW
+        return x2, (g.batch, *g.out_hw), NHWC_TO_NCHW  # [B*OH*OW, OC] -> NHWC -> NCHW
     xshape = static_shape(match.x)
     if xshape is None or len(xshape) < 2:
         return None, None, None  # dynamic shapes stay on the generic path

@@ -125,16 +125,21 @@ class PackBRule:
 
 
 class Im2colRule:
-    """im2col (:func:`~tvm_lowprec.kernels.im2col.build_im2col`): the padding copy and the gather,
-    each parallel over its two outer loops; the gather's short kernel-width loop unrolled."""
+    """im2col (:func:`~tvm_lowprec.kernels.im2col.build_im2col`, NHWC): the padding copy and the
+    gather, each parallel over its two outer loops; the contiguous channel run vectorized when it fills
+    whole vectors, unrolled otherwise (the 3-channel stem)."""
 
     def apply(self, func, spec):
         if func.attrs is None or func.attrs.get("lowprec.op", None) != "im2col":
             return None
         sch = Schedule(func)
+        lanes = spec.gemm.vector_bits // 8
         for block in sch.get_child_blocks(sch.get_sblock("root")):
             loops = sch.get_loops(block)
+            channels = int(sch.get(loops[-1]).extent)
             sch.parallel(sch.fuse(loops[0], loops[1]))
-            if sch.get(block).name_hint == "im2col":
+            if channels % lanes == 0 or channels in (lanes // 2, lanes // 4):
+                _vectorize_inner(sch, block, lanes)
+            else:
                 sch.unroll(loops[-1])
         return sch

@@ -1,0 +1,72 @@
+"""The NHWC layout of the integer convolutions is carried through the layers between them: the
+transposes that remain sit at the graph's boundary (:mod:`tvm_lowprec.quant.propagate_layout`)."""
+
+import numpy as np
+import onnx
+import onnx.version_converter
+import tvm
+from onnx.reference import ReferenceEvaluator
+from tvm import relax
+
+import tvm_lowprec
+from tvm_lowprec.quant.propagate_layout import propagate_layout_module
+
+from models import fp32_block_net, quantize_qdq
+from reference import assert_within_one_step, ort_session, output_scale
+
+
+def _calls(mod):
+    calls = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: 
+        calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None
+    )
+    return calls
+
+
+def _transposed_chain():
+    """NCHW int8 -> NHWC -> per-channel dequantize (axis 3) -> relu -> + scalar -> back to NCHW."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 5, 6), "int8"))
+    scale = relax.const(np.array([0.5, 0.25, 1.0, 2.0], np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.permute_dims(x, (0, 2, 3, 1)))
+            d = bb.emit(relax.op.dequantize(t, scale, relax.const(np.zeros(4, np.int8)), axis=3))
+            r = bb.emit(relax.op.add(relax.op.nn.relu(d), relax.const(np.float32(1.5))))
+            out = bb.emit_output(relax.op.permute_dims(r, (0, 3, 1, 2)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run(mod, x):
+    exe = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+    return relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def test_transposes_cancel_and_per_axis_parameters_follow(rng):
+    mod = _transposed_chain()
+    moved = propagate_layout_module(mod)
+    moved = relax.transform.DeadCodeElimination()(moved)
+    assert "relax.permute_dims" not in [c.op.name for c in _calls(moved)]
+    deq = [c for c in _calls(moved) if c.op.name == "relax.dequantize"]
+    assert len(deq) == 1 and int(deq[0].attrs.axis) == 1  # NHWC axis 3 is NCHW axis 1
+    x = rng.integers(-128, 128, (1, 4, 5, 6)).astype(np.int8)
+    np.testing.assert_array_equal(_run(moved, x), _run(mod, x))
+
+
+def test_block_net_changes_layout_only_at_the_boundary(rng):
+    shape = (1, 8, 16, 16)
+    qdq = quantize_qdq(fp32_block_net(shape), [rng.standard_normal(shape).astype(np.float32) for _ in range(8)])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
+    names = [k.name for k in compiled.kernels()]
+    assert sum(n.startswith("qconv2d") for n in names) == 6
+    # one transpose into NHWC after the input's quantize, one back before Flatten: none between layers
+    assert sorted(n for n in names if "transpose" in n) == ["fused_quantize_transpose", "fused_transpose1_reshape7"], names
+    # exact against onnx.reference (ORT's own kernels round a few of the 10 logits the other way)
+    reference = ReferenceEvaluator(onnx.version_converter.convert_version(qdq, 21))
+    session = ort_session(qdq, optimized=False)
+    for _ in range(3):
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = compiled(x)[0]
+        np.testing.assert_array_equal(got, reference.run(None, {"x": x})[0])
+        assert_within_one_step(got, session.run(None, {"x": x})[0], output_scale(qdq), exact_fraction=0.0)

@@ -1,0 +1,182 @@
+"""Pass: move transposes towards the graph's outputs until they cancel.
+
+The integer convolutions run on NHWC (:mod:`~tvm_lowprec.quant.qdq_to_integer` emits
+``NCHW -> NHWC`` before each one and ``NHWC -> NCHW`` after it). Between two convolutions sit
+operators that do not care about the layout: quantize and dequantize, the activations, the
+residual add, pooling, concatenation. This pass rewrites ``op(permute_dims(x, p))`` into
+``permute_dims(op'(x), p)`` (``op'`` with its axes or layout attributes moved accordingly) and
+``permute_dims(permute_dims(x, q), p)`` into one transpose or none. The transposes that survive are
+the ones before an operator that needs the original layout (a reshape, say) or at an output: the
+layout changes happen once, at the graph's boundary, instead of around every layer.
+
+Exact: every rewrite only reorders the same computation. Runs after the Q/DQ fold and before
+legalization. An operator it does not know keeps its transposed inputs (the transposes stay).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .patterns import static_shape
+
+# One-input operators applied element by element (extra inputs, if any, are per-tensor or per-axis
+# parameters that do not depend on the layout).
+UNARY = frozenset(
+    f"relax.{name}"
+    for name in ("quantize", "dequantize", "nn.relu", "clip", "sigmoid", "tanh", "exp", "astype", "negative",
+                 "nn.gelu", "nn.silu", "erf", "sqrt", "abs", "round", "floor", "ceil")
+)
+BINARY = frozenset(
+    f"relax.{name}" for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
+)
+POOLS = {"relax.nn.max_pool2d": relax.op.nn.max_pool2d, "relax.nn.avg_pool2d": relax.op.nn.avg_pool2d}
+REDUCTIONS = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max}
+NHWC_TO_NCHW = (0, 3, 1, 2)
+
+
+def _perm(call) -> tuple[int, ...] | None:
+    """The axes of a ``permute_dims`` call (None: not one, or of unknown rank)."""
+    if not isinstance(call, relax.Call) or not call.op.same_as(tvm.ir.Op.get("relax.permute_dims")):
+        return None
+    if call.attrs.axes is None:
+        shape = static_shape(call)
+        return None if shape is None else tuple(reversed(range(len(shape))))
+    return tuple(int(a) for a in call.attrs.axes)
+
+
+def _axis(axis: int, perm) -> int:
+    """An axis of the transposed tensor, as an axis of the tensor before the transpose."""
+    return perm[axis % len(perm)]
+
+
+@relax.expr_functor.mutator
+class _Propagator(relax.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.moved = 0
+
+    def _transposed(self, expr):
+        """(x, p) when ``expr`` is bound to ``permute_dims(x, p)``, else None."""
+        bound = expr
+        while isinstance(bound, relax.Var):  # through aliases (``y = lv``)
+            bound = self.lookup_binding(bound)
+        perm = _perm(bound)
+        return None if perm is None else (bound.args[0], perm)
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op):
+            return call
+        name = call.op.name
+        if name == "relax.permute_dims":
+            return self._compose(call)
+        handler = (
+            self._unary if name in UNARY else self._binary if name in BINARY else
+            self._pool if name in POOLS else self._reduce if name in REDUCTIONS else
+            self._concat if name == "relax.concat" else self._resize if name == "relax.image.resize2d" else None
+        )
+        if handler is None:
+            return call
+        moved = handler(call, name)
+        if moved is None:
+            return call
+        self.moved += 1
+        return moved
+
+    def _emit_transposed(self, expr, perm):
+        return relax.op.permute_dims(self.builder_.emit(expr), perm)
+
+    def _compose(self, call):
+        inner = self._transposed(call.args[0])
+        if inner is None:
+            return call
+        x, q = inner
+        composed = tuple(q[a] for a in _perm(call))
+        if composed == tuple(range(len(composed))):
+            return x
+        return relax.op.permute_dims(x, composed)
+
+    def _unary(self, call, name):
+        inner = self._transposed(call.args[0])
+        if inner is None:
+            return None
+        x, perm = inner
+        attrs = call.attrs
+        if name in ("relax.quantize", "relax.dequantize"):
+            op = relax.op.quantize if name == "relax.quantize" else relax.op.dequantize
+            new = op(x, call.args[1], call.args[2], _axis(int(attrs.axis), perm), str(attrs.out_dtype))
+        else:
+            new = relax.Call(call.op, [x, *call.args[1:]], attrs, call.ty_args)
+        return self._emit_transposed(new, perm)
+
+    def _binary(self, call, name):
+        sides = [self._transposed(a) for a in call.args]
+        perms = {s[1] for s in sides if s is not None}
+        if len(perms) != 1:
+            return None
+        perm = perms.pop()
+        args = []
+        for arg, side in zip(call.args, sides):
+            if side is not None:
+                args.append(side[0])
+                continue
+            shape = static_shape(arg)
+            if shape is None:
+                return None
+            if int(np.prod(shape)) == 1 and len(shape) <= len(perm):
+                args.append(arg)  # a scalar broadcasts the same in any layout
+            elif isinstance(arg, relax.Constant) and len(shape) == len(perm):
+                args.append(relax.const(np.transpose(arg.data.numpy(), np.argsort(perm))))
+            else:
+                return None
+        return self._emit_transposed(relax.Call(call.op, args, call.attrs, call.ty_args), perm)
+
+    def _pool(self, call, name):
+        inner = self._transposed(call.args[0])
+        a = call.attrs
+        if inner is None or inner[1] != NHWC_TO_NCHW or str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+            return None
+        kwargs = {"count_include_pad": bool(a.count_include_pad)} if name == "relax.nn.avg_pool2d" else {}
+        new = POOLS[name](inner[0], a.pool_size, a.strides, a.padding, a.dilation, bool(a.ceil_mode),
+                          layout="NHWC", out_layout="NHWC", **kwargs)
+        return self._emit_transposed(new, NHWC_TO_NCHW)
+
+    def _resize(self, call, name):
+        inner = self._transposed(call.args[0])
+        a = call.attrs
+        if inner is None or inner[1] != NHWC_TO_NCHW or str(a.layout) != "NCHW":
+            return None
+        new = relax.op.image.resize2d(
+            inner[0], call.args[1], [float(v) for v in a.roi], "NHWC", str(a.method),
+            str(a.coordinate_transformation_mode), str(a.rounding_method), float(a.cubic_alpha),
+            int(a.cubic_exclude), float(a.extrapolation_value), a.out_dtype,
+        )
+        return self._emit_transposed(new, NHWC_TO_NCHW)
+
+    def _reduce(self, call, name):
+        inner = self._transposed(call.args[0])
+        if inner is None or not bool(call.attrs.keepdims) or call.attrs.axis is None:
+            return None
+        x, perm = inner
+        axes = [_axis(int(a), perm) for a in call.attrs.axis]
+        return self._emit_transposed(REDUCTIONS[name](x, axes, keepdims=True), perm)
+
+    def _concat(self, call, name):
+        fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else None
+        sides = [self._transposed(f) for f in fields] if fields else [None]
+        if any(s is None for s in sides) or len({s[1] for s in sides}) != 1:
+            return None
+        perm = sides[0][1]
+        new = relax.op.concat([s[0] for s in sides], _axis(int(call.attrs.axis), perm))
+        return self._emit_transposed(new, perm)
+
+
+def propagate_layout_module(mod):
+    """Apply the pass to every Relax function of ``mod``."""
+    propagator = _Propagator(mod)
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            propagator.builder_.update_func(gvar, propagator.visit_expr(func))
+    return propagator.builder_.get()
