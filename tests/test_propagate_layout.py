@@ -24,7 +24,8 @@ def _calls(mod):
 
 
 def _transposed_chain():
-    """NCHW int8 -> NHWC -> per-channel dequantize (axis 3) -> relu -> + scalar -> back to NCHW."""
+    """NCHW int8 -> NHWC -> per-channel dequantize (axis 3) -> relu -> + scalar -> * full-size constant
+    -> back to NCHW."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 4, 5, 6), "int8"))
     scale = relax.const(np.array([0.5, 0.25, 1.0, 2.0], np.float32))
@@ -33,6 +34,7 @@ def _transposed_chain():
             t = bb.emit(relax.op.permute_dims(x, (0, 2, 3, 1)))
             d = bb.emit(relax.op.dequantize(t, scale, relax.const(np.zeros(4, np.int8)), axis=3))
             r = bb.emit(relax.op.add(relax.op.nn.relu(d), relax.const(np.float32(1.5))))
+            r = bb.emit(relax.op.multiply(r, relax.const(np.arange(120, dtype=np.float32).reshape(1, 5, 6, 4))))
             out = bb.emit_output(relax.op.permute_dims(r, (0, 3, 1, 2)))
         bb.emit_func_output(out)
     return bb.get()

@@ -3,7 +3,8 @@
 1. quantize-to-integer: :func:`~tvm_lowprec.quant.qdq_to_integer.qdq_to_integer` (target-aware);
    then data movement kept in the integer domain (:mod:`~tvm_lowprec.quant.fold_qdq`), the
    convolutions' NHWC layout carried through the layers between them
-   (:mod:`~tvm_lowprec.quant.propagate_layout`), and, optionally, TVM's FastMathTransform for the float operators left between quantized ones
+   (:mod:`~tvm_lowprec.quant.propagate_layout`), float functions of one 8-bit tensor (Sigmoid,
+   SiLU, GELU) as 256-entry tables (:mod:`~tvm_lowprec.quant.lookup_tables`), and, optionally, TVM's FastMathTransform for the float operators left between quantized ones
 2. legalize and fuse: TVM's LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR
 3. schedule: every PrimFunc goes through the schedule rules (:mod:`tvm_lowprec.schedule`)
 4. lower: TVM's CPU dataflow-lowering and finalize passes (memory planning, VM lowering)
@@ -16,6 +17,7 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 
 from .quant.fold_qdq import fold_qdq_module
+from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
 from .quant.qdq_to_integer import rewrite_module
 from .schedule import schedule_func
@@ -48,6 +50,7 @@ def high_level(mod, spec, requant_mode: str = "float", fast_math: bool = True):
     about 1e-6; measured: a 128x256 softmax 2.3x faster, the quantized outputs unchanged).
     """
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
+    mod = lookup_tables_module(mod)
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
     return _legalize_and_schedule(spec)(mod)

@@ -127,8 +127,8 @@ class _Propagator(relax.PyExprMutator):
                 return None
             if int(np.prod(shape)) == 1 and len(shape) <= len(perm):
                 args.append(arg)  # a scalar broadcasts the same in any layout
-            elif isinstance(arg, relax.Constant) and len(shape) == len(perm):
-                args.append(relax.const(np.transpose(arg.data.numpy(), np.argsort(perm))))
+            elif isinstance(arg, tvm.ir.expr.Constant) and len(shape) == len(perm):
+                args.append(relax.const(np.transpose(arg.value.numpy(), np.argsort(perm))))
             else:
                 return None
         return self._emit_transposed(relax.Call(call.op, args, call.attrs, call.ty_args), perm)
