@@ -23,22 +23,31 @@ CONVS = {
 }
 
 
-# grouped and depthwise convolutions take the exact int32 conv2d path (no tensorized kernel yet)
+# depthwise convolutions (one filter per channel) have their own NHWC kernel, vectorized over channels
+DEPTHWISE = {
+    "depthwise-3x3": dict(x_shape=(1, 16, 10, 10), c_out=16, kernel=(3, 3), pads=(1, 1, 1, 1), group=16),
+    "depthwise-5x5-stride2-asym": dict(x_shape=(2, 24, 11, 9), c_out=24, kernel=(5, 5), strides=(2, 2),
+                                       pads=(2, 1, 1, 2), group=24),
+    "depthwise-dilated-int8": dict(x_shape=(1, 8, 12, 12), c_out=8, kernel=(3, 3), dilations=(2, 2),
+                                   pads=(2, 2, 2, 2), group=8, x_dtype="int8", per_channel=False),
+    "depthwise-odd-channels": dict(x_shape=(1, 5, 7, 7), c_out=5, kernel=(3, 3), group=5),
+}
+# other grouped convolutions take the exact int32 conv2d path (no tensorized kernel yet)
 GROUPED = {
-    "depthwise-3x3": dict(x_shape=(1, 8, 10, 10), c_out=8, kernel=(3, 3), pads=(1, 1, 1, 1), group=8),
     "grouped-2": dict(x_shape=(1, 6, 7, 7), c_out=4, kernel=(3, 3), strides=(2, 2), group=2),
 }
+KERNEL = {**{n: "qconv2d" for n in CONVS}, **{n: "qdepthwise" for n in DEPTHWISE}, **{n: None for n in GROUPED}}
 
 
-@pytest.mark.parametrize("name", list(CONVS) + list(GROUPED))
+@pytest.mark.parametrize("name", list(KERNEL))
 def test_qlinear_conv_matches_onnx_reference_exactly(name, rng):
     from onnx.reference import ReferenceEvaluator
 
-    cfg = CONVS.get(name) or GROUPED[name]
+    cfg = {**CONVS, **DEPTHWISE, **GROUPED}[name]
     model = qlinear_conv(**cfg)
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
     kernels = {k.name.split("_")[0] for k in compiled.kernels()}
-    assert ("qconv2d" in kernels) == (name in CONVS)
+    assert {"qconv2d", "qdepthwise"} & kernels == ({KERNEL[name]} - {None})
     pointwise = cfg["kernel"] == (1, 1) and cfg.get("strides", (1, 1)) == (1, 1)
     assert ("im2col" in kernels) == (name in CONVS and not pointwise)
     info = np.iinfo(cfg.get("x_dtype", "uint8"))
@@ -54,8 +63,21 @@ def test_quantize_static_cnn_matches_ort(rng):
     shape = (1, 3, 16, 16)
     qdq = quantize_qdq(fp32_cnn(shape), [rng.standard_normal(shape).astype(np.float32) for _ in range(8)])
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
-    assert sum(k.name.startswith("qconv2d") for k in compiled.kernels()) == 3  # the depthwise one: int32 conv2d
+    names = [k.name for k in compiled.kernels()]
+    assert sum(n.startswith("qconv2d") for n in names) == 3 and sum(n.startswith("qdepthwise") for n in names) == 1
     session = ort_session(qdq, optimized=False)
     for _ in range(3):
         x = rng.standard_normal(shape).astype(np.float32)
         assert_within_one_step(compiled(x)[0], session.run(None, {"x": x})[0], output_scale(qdq))
+
+
+def test_depthwise_fixed_point_requantization_within_one_step(rng):
+    from onnx.reference import ReferenceEvaluator
+
+    cfg = DEPTHWISE["depthwise-5x5-stride2-asym"]
+    model = qlinear_conv(**cfg)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native", requant_mode="fixed_point")
+    x = rng.integers(0, 256, cfg["x_shape"]).astype(np.uint8)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0].astype(np.int32)
+    got = compiled(x)[0].astype(np.int32)
+    assert np.abs(got - want).max() <= 1 and (got == want).mean() > 0.95

@@ -194,6 +194,12 @@ def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, sc
     return params
 
 
+def requantize(acc, ep: Epilogue, mult, shift=None):
+    """The requantizing epilogue of one int32 accumulator value (TE expression); ``shift`` in
+    ``"fixed_point"`` mode, where ``mult`` is the int32 multiplier."""
+    return _requant_fixed(acc, mult, shift, ep) if ep.mode == "fixed_point" else _requant_float(acc, mult, ep)
+
+
 def _requant_float(x, mult, ep: Epilogue):
     # int32 -> float64 is exact, and the product rounds once: the same as onnx.reference's
     # QLinearMatMul (float32 multiplier, float64 product, rint = half to even).

@@ -183,7 +183,8 @@ def conv_weight_matrix(w: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class ConvGeometry:
     """A 2-D NCHW/OIHW convolution with one group, as the im2col GEMM sees it (the GEMM itself runs
-    on NHWC activations: rows ``(b, oh, ow)``, depth ``(kh, kw, c)``)."""
+    on NHWC activations: rows ``(b, oh, ow)``, depth ``(kh, kw, c)``), or a depthwise one (one filter
+    per channel, ``groups == channels == output channels``)."""
 
     batch: int
     channels: int
@@ -193,6 +194,11 @@ class ConvGeometry:
     strides: tuple[int, int]
     padding: tuple[int, int, int, int]  # top, left, bottom, right
     dilation: tuple[int, int]
+    groups: int = 1
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups > 1
 
     @property
     def rows(self) -> int:
@@ -210,11 +216,14 @@ class ConvGeometry:
 
 def conv_geometry(conv) -> ConvGeometry | None:
     attrs = conv.attrs
-    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" or int(attrs.groups) != 1:
+    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW":
         return None
     x_shape, w_shape, y_shape = static_shape(conv.args[0]), static_shape(conv.args[1]), static_shape(conv)
     if x_shape is None or w_shape is None or y_shape is None or len(x_shape) != 4:
         return None
+    groups = int(attrs.groups)
+    if groups != 1 and not (groups == x_shape[1] == w_shape[0] and w_shape[1] == 1):
+        return None  # grouped, or depthwise with a channel multiplier: the generic path
     pad = [int(p) for p in attrs.padding]
     pad = pad * 2 if len(pad) == 2 else pad
     return ConvGeometry(
@@ -226,4 +235,5 @@ def conv_geometry(conv) -> ConvGeometry | None:
         strides=tuple(int(s) for s in attrs.strides),
         padding=tuple(pad),
         dilation=tuple(int(d) for d in attrs.dilation),
+        groups=groups,
     )

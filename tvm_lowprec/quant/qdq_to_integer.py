@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from ..errors import LowPrecError
+from ..kernels.depthwise import DepthwiseProblem, build_depthwise, depthwise_params
 from ..kernels.im2col import build_im2col
 from ..kernels.pack_b import build_pack_b
 from ..kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, pack_weights
@@ -370,7 +371,27 @@ def _gemm_input(builder, match: QGemmMatch):
     return x2, (xshape[:-1] if len(xshape) != 2 else None), None
 
 
+def emit_depthwise(builder, match: QGemmMatch) -> relax.Expr | None:
+    """A depthwise convolution: its own NHWC kernel (:mod:`~tvm_lowprec.kernels.depthwise`)."""
+    g = match.conv
+    if static_shape(match.x) != (g.batch, g.channels, *g.in_hw) or match.x_zero_point_expr is not None:
+        return None
+    a_dtype = dtype_of(match.x)
+    problem = DepthwiseProblem(g.batch, g.channels, g.in_hw, g.out_hw, g.kernel, g.strides, g.padding, g.dilation,
+                               a_dtype, match.epilogue)
+    name = f"qdepthwise_{a_dtype[0]}8_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}_s{g.strides[0]}"
+    gvar = builder.add_func(build_depthwise(problem, match.x_zero_point, name), name)
+    params = depthwise_params(match.weight.values, match.weight.zero_point, match.x_zero_point, match.bias_int,
+                              match.mult, match.epilogue)
+    x = builder.emit(relax.op.permute_dims(match.x, NCHW_TO_NHWC))
+    out_type = relax.TensorType((g.batch, *g.out_hw, g.channels), match.epilogue.out_dtype)
+    y = builder.emit(relax.call_tir(gvar, [x] + [relax.const(p) for p in params], out_type))
+    return builder.emit(relax.op.permute_dims(y, NHWC_TO_NCHW))
+
+
 def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
+    if match.conv is not None and match.conv.depthwise:
+        return emit_depthwise(builder, match)
     k, n = match.weight.values.shape
     x2, out_lead, perm = _gemm_input(builder, match)
     if x2 is None or static_shape(x2)[-1] != k:

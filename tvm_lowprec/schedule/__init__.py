@@ -4,10 +4,11 @@ from tvm.s_tir.dlight import cpu as _dlight_cpu
 
 from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
+from .depthwise import DepthwiseRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
-DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), ElementwiseRule(), DlightRule(_dlight_cpu.Reduction()))
+DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), DepthwiseRule(), ElementwiseRule(), DlightRule(_dlight_cpu.Reduction()))
 
 
 def schedule_func(func, spec, rules=DEFAULT_RULES):
@@ -19,4 +20,4 @@ def schedule_func(func, spec, rules=DEFAULT_RULES):
     return None
 
 
-__all__ = ["DEFAULT_RULES", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "schedule_func"]
+__all__ = ["DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "schedule_func"]

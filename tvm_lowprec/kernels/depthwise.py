@@ -1,0 +1,102 @@
+"""Depthwise convolution (one filter per channel) on NHWC 8-bit activations, requantized in the
+epilogue: ``out[b, oh, ow, c] = requant(sum_{kh, kw} x_pad[b, ih, iw, c] * w'[kh, kw, c] + corr[c])``.
+
+``w' = w - zw`` (int16, exact), the input padded with its zero point, and ``corr = bias - zx * sum w'``
+so the sum is that of ``(x - zx) * (w - zw)``, exactly. There is no reduction over channels, so a GEMM
+intrinsic has nothing to contract: the kernel vectorizes over C instead (the schedule lives in
+:mod:`tvm_lowprec.schedule.depthwise`). Weights and the per-channel parameters are constants made at
+compile time by :func:`depthwise_params`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import te, tirx
+
+from .qgemm import Epilogue, requantize
+
+
+@dataclass(frozen=True)
+class DepthwiseProblem:
+    batch: int
+    channels: int
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    a_dtype: str
+    epilogue: Epilogue
+
+    def __post_init__(self):
+        if self.epilogue.kind not in ("requant", "int32"):
+            raise ValueError(f"depthwise epilogue must be requant or int32, not {self.epilogue.kind}")
+
+
+def depthwise_params(w_taps: np.ndarray, w_zero_point, x_zero_point: int, bias_int, mult, epilogue: Epilogue):
+    """Constant arguments after the activation: ``w'[KH*KW, C]`` int16, ``corr[C]`` int32, then the
+    requantization multiplier(s). ``w_taps``: integer weights ``[KH*KW, C]`` (rows kh-major)."""
+    from ..quant.requant import fixed_point_multiplier
+
+    w = w_taps.astype(np.int32) - np.asarray(w_zero_point, np.int32).reshape(-1)
+    corr = -int(x_zero_point) * w.sum(axis=0, dtype=np.int64)
+    if bias_int is not None:
+        corr = corr + np.asarray(bias_int, np.int64)
+    channels = w.shape[1]
+    params = [w.astype(np.int16), np.broadcast_to(corr, (channels,)).astype(np.int32)]
+    if epilogue.kind == "requant":
+        mult = np.broadcast_to(np.asarray(mult, np.float32), (channels,))
+        if epilogue.mode == "fixed_point":
+            params += list(fixed_point_multiplier(mult))
+        else:
+            params.append(np.ascontiguousarray(mult))
+    return params
+
+
+def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise"):
+    (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = p.out_hw, p.kernel, p.strides, p.dilation
+    top, left, bottom, right = p.padding
+    h_n, w_n = p.in_hw
+    c_n = p.channels
+    x = te.placeholder((p.batch, h_n, w_n, c_n), p.a_dtype, name="x")
+    wq = te.placeholder((kh_n * kw_n, c_n), "int16", name="w")
+    corr = te.placeholder((c_n,), "int32", name="corr")
+    source = x
+    if any(p.padding):
+        def pad(b, i, j, c):
+            inside = tirx.all(i >= top, i < top + h_n, j >= left, j < left + w_n)
+            value = x[b, tirx.max(tirx.min(i - top, h_n - 1), 0), tirx.max(tirx.min(j - left, w_n - 1), 0), c]
+            return tirx.if_then_else(inside, value, tirx.const(pad_value, p.a_dtype))
+
+        source = te.compute((p.batch, h_n + top + bottom, w_n + left + right, c_n), pad, name="padded")
+    kh = te.reduce_axis((0, kh_n), name="kh")
+    kw = te.reduce_axis((0, kw_n), name="kw")
+    acc = te.compute(
+        (p.batch, oh_n, ow_n, c_n),
+        lambda b, oh, ow, c: te.sum(
+            source[b, oh * sh + kh * dh, ow * sw + kw * dw, c].astype("int32") * wq[kh * kw_n + kw, c].astype("int32"),
+            axis=[kh, kw],
+        ),
+        name="acc",
+    )
+    ep = p.epilogue
+    params = []
+    if ep.kind == "int32":
+        out = te.compute(acc.shape, lambda b, oh, ow, c: acc[b, oh, ow, c] + corr[c], name="epilogue")
+    else:
+        params = [te.placeholder((c_n,), "int32" if ep.mode == "fixed_point" else "float32", name="mult")]
+        if ep.mode == "fixed_point":
+            params.append(te.placeholder((c_n,), "int32", name="shift"))
+
+        def requant(b, oh, ow, c):
+            shift = params[1][c] if len(params) > 1 else None
+            return requantize(acc[b, oh, ow, c] + corr[c], ep, params[0][c], shift)
+
+        out = te.compute(acc.shape, requant, name="epilogue")
+    func = te.create_prim_func([x, wq, corr, *params, out])
+    attrs = {"lowprec.op": "qdepthwise", "op_pattern": 8, "lowprec.intrin": "none",
+             "lowprec.shape": [p.batch, oh_n, ow_n, c_n, kh_n, kw_n]}
+    return func.with_attr("global_symbol", name).with_attrs(attrs)
