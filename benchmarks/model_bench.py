@@ -85,7 +85,7 @@ def ort_errors() -> tuple[type[BaseException], ...]:
 @dataclass(frozen=True)
 class Timing:
     """How each runtime is timed: after a warm-up call, an inner loop of ``number`` calls sized to last
-    ``min_time`` seconds, the median of ``repeat`` loops. A runtime whose warm call takes ``slow_s`` or
+    ``min_time`` seconds, the median of ``repeat`` loops (interleaved between runtimes). A runtime whose warm call takes ``slow_s`` or
     more is timed by ``slow_repeat`` single calls."""
 
     repeat: int = 10
@@ -133,13 +133,28 @@ def wall_clock_timer(fn: Callable[[], object]) -> Callable[[int, int], float]:
     return timer
 
 
-def measure(runner: Runner, warm_s: float, timing: Timing) -> Timed:
-    """Time ``runner`` (already called once, taking ``warm_s``) as :class:`Timing` says."""
-    if warm_s >= timing.slow_s:
-        return Timed(runner.time(1, timing.slow_repeat), 1, timing.slow_repeat, slow=True)
-    probe = _wall(runner.run, 1)
-    number = max(1, math.ceil(timing.min_time / max(probe, 1e-6)))
-    return Timed(runner.time(number, timing.repeat), number, timing.repeat)
+def measure_interleaved(runners: dict[str, tuple[Runner, float]], timing: Timing) -> dict[str, Timed]:
+    """Time every runner (each already called once, taking the given seconds) as :class:`Timing` says,
+    interleaved: each of the ``repeat`` rounds runs one inner loop of every fast runner in turn, so a
+    slow phase of the machine (other tenants, frequency changes) hits all runtimes alike and their
+    ratios stay meaningful. Slow runners (TVM FP32) are timed by single calls afterwards."""
+    timed, fast, numbers = {}, {}, {}
+    for key, (runner, warm_s) in runners.items():
+        if warm_s >= timing.slow_s:
+            continue
+        fast[key] = runner
+        probe = _wall(runner.run, 1)
+        numbers[key] = max(1, math.ceil(timing.min_time / max(probe, 1e-6)))
+    samples: dict[str, list[float]] = {key: [] for key in fast}
+    for _ in range(timing.repeat):
+        for key, runner in fast.items():
+            samples[key].append(runner.time(numbers[key], 1))
+    for key in runners:
+        if key in fast:
+            timed[key] = Timed(statistics.median(samples[key]), numbers[key], timing.repeat)
+        else:
+            timed[key] = Timed(runners[key][0].time(1, timing.slow_repeat), 1, timing.slow_repeat, slow=True)
+    return timed
 
 
 # ---------------------------------------------------------------- runtimes
@@ -279,25 +294,40 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def bench_runtime(runtime: str, built: BuiltModel, feed: dict, threads: int, refs: References,
-                  timing: Timing) -> tuple[dict, Runner | None]:
-    """One (runtime, threads) point: prepare, check the output, time. Failures become an error row."""
+def prepare_runtime(runtime: str, built: BuiltModel, feed: dict, threads: int, refs: References):
+    """Prepare one (runtime, threads) point and check its output: (runner, warm-call seconds, checks),
+    or an error row when it fails."""
     name = built.spec.name
     try:
         runner = make_runner(runtime, built, feed, threads)
         start = time.perf_counter()
         out = _pick_output(runner.run(), refs)
         warm = time.perf_counter() - start
-        checks = check_row(runtime, out, refs)
-        timed = measure(runner, warm, timing)
+        return runner, warm, check_row(runtime, out, refs)
     except runtime_errors(runtime) as err:
         _log(f"  {name:8s} {runtime:17s} t={threads}: error: {error_text(err, 200)}")
-        return _row(name, runtime, threads, status="error", error=error_text(err)), None
-    _log(f"  {name:8s} {runtime:17s} t={threads}: {timed.seconds * 1e3:10.2f} ms  "
-         f"(setup {runner.setup_s:.1f} s, {checks['status']})")
-    row = _row(name, runtime, threads, ms=round(timed.seconds * 1e3, 4), number=timed.number, repeat=timed.repeat,
-               slow=timed.slow, timer=runner.timer, setup_s=round(runner.setup_s, 2), error="", **checks)
-    return row, runner
+        return _row(name, runtime, threads, status="error", error=error_text(err))
+
+
+def bench_threads(built: BuiltModel, feed: dict, threads: int, refs: References, timing: Timing):
+    """All runtimes at one thread count, timed interleaved: (rows in RUNTIMES order, runners)."""
+    name = built.spec.name
+    prepared = {runtime: prepare_runtime(runtime, built, feed, threads, refs) for runtime in RUNTIMES}
+    ready = {r: p for r, p in prepared.items() if isinstance(p, tuple)}
+    timed = measure_interleaved({r: (p[0], p[1]) for r, p in ready.items()}, timing)
+    rows, runners = [], {}
+    for runtime in RUNTIMES:
+        if runtime not in ready:
+            rows.append(prepared[runtime])
+            continue
+        runner, _, checks = ready[runtime]
+        t = timed[runtime]
+        _log(f"  {name:8s} {runtime:17s} t={threads}: {t.seconds * 1e3:10.2f} ms  "
+             f"(setup {runner.setup_s:.1f} s, {checks['status']})")
+        rows.append(_row(name, runtime, threads, ms=round(t.seconds * 1e3, 4), number=t.number, repeat=t.repeat,
+                         slow=t.slow, timer=runner.timer, setup_s=round(runner.setup_s, 2), error="", **checks))
+        runners[runtime] = runner
+    return rows, runners
 
 
 def profile_kernels(runner: Runner, feed: dict, timing: Timing, threads: int) -> dict:
@@ -351,14 +381,14 @@ def bench_model(spec: ModelSpec, threads: list[int], timing: Timing, cache: Path
     result.qdq_sensitivity = refs.qdq_sensitivity
     profile_at = 1 if 1 in threads else min(threads)
     for t in threads:
-        for runtime in RUNTIMES:
-            row, runner = bench_runtime(runtime, built, feed, t, refs, timing)
-            result.rows.append(row)
-            if runtime == "tvm-lowprec-int8" and runner is not None:
-                result.target = runner.compiled.spec.name
-                if t == profile_at:
-                    result.profile = profile_kernels(runner, feed, timing, t)
-            del runner
+        rows, runners = bench_threads(built, feed, t, refs, timing)
+        result.rows += rows
+        runner = runners.get("tvm-lowprec-int8")
+        if runner is not None:
+            result.target = runner.compiled.spec.name
+            if t == profile_at:
+                result.profile = profile_kernels(runner, feed, timing, t)
+        del runners, runner
     return result
 
 
@@ -541,7 +571,8 @@ def _header(meta: dict) -> list[str]:
         f"tvm-lowprec {meta['tvm_lowprec']['version']} @ {meta['tvm_lowprec']['git']} · TVM {versions['tvm']} · "
         f"ONNX Runtime {versions['onnxruntime']} · onnx {versions['onnx']} · numpy {versions['numpy']}", "",
         f"Load average at start {meta['loadavg_start']}, at end {meta['loadavg_end']} (other processes on "
-        "these cores distort the numbers, 2 threads most). Latency: median ms per call, batch 1. "
+        "these cores distort the numbers, 2 threads most). Latency: median ms per call, batch 1; the runtimes "
+        "are timed interleaved (each round times every runtime once), so a noisy phase hits them alike. "
         "`÷ ORT ...`: this row's latency divided by ORT's at the same thread count (above 1: slower than ORT). "
         f"`!`: output check failed (cosine < {COSINE_OK}); `error`: failed, see notes.", "",
     ]
