@@ -13,10 +13,11 @@ setup(
         "apache-tvm-ffi==0.1.14.post1",
         "numpy",
         "onnx>=1.16",
+        "tqdm",
         "xgboost",
     ],
     extras_require={
-        "test": ["pytest", "onnxruntime>=1.18"],
+        "test": ["pytest", "onnxruntime>=1.18", "matplotlib"],
         "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl"],
     },
     # schedules/ is data (tuning records), shipped beside the package

@@ -16,6 +16,7 @@ from . import intrin  # noqa: F401  (registers the tensor intrinsics)
 from .compiled import Compiled, InputSpec, KernelInfo
 from .errors import InputError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
 from .frontend.onnx import from_onnx
+from .ptq import QuantConfig, accuracy_report, quantize
 from .kernels import Epilogue, QGemmProblem
 from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
 

@@ -59,6 +59,9 @@ def check_operators(model: onnx.ModelProto) -> None:
         raise UnsupportedOperatorError("unsupported ONNX operator(s):\n" + "\n".join(lines))
 
 
+LINEAR_NODES = ("MatMul", "Gemm", "Conv")  # one relax matmul / conv2d each, in graph order
+
+
 def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     inits = {t.name for t in model.graph.initializer}
     return [vi for vi in model.graph.input if vi.name not in inits]
@@ -78,7 +81,8 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
     -------
     tvm.IRModule
         ``main`` takes the graph inputs in order; initializers are bound as constants. The
-        attribute ``lowprec.input_names`` keeps the ONNX input names.
+        attribute ``lowprec.input_names`` keeps the ONNX input names, and ``lowprec.linear_nodes`` the
+        names of the MatMul, Gemm and Conv nodes in graph order (layer names for :mod:`tvm_lowprec.ptq`).
 
     Examples
     --------
@@ -93,6 +97,7 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
     names = [vi.name for vi in _graph_inputs(model)]
     with extra_converters():
         mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
-    main = mod["main"].with_attr("lowprec.input_names", names)
+    linear = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node) if n.op_type in LINEAR_NODES]
+    main = mod["main"].with_attrs({"lowprec.input_names": names, "lowprec.linear_nodes": linear})
     mod.update_func(mod.get_global_var("main"), main)
     return mod

@@ -1,0 +1,231 @@
+"""Post-training quantization (tvm_lowprec.ptq): observers, config, calibration, QDQ insertion, the
+accuracy report and the FP32 fallback, checked against hand-computed values, FP32 and ONNX Runtime."""
+
+import json
+
+import numpy as np
+import pytest
+from onnx import numpy_helper
+
+import tvm_lowprec
+from tvm_lowprec.ptq import (
+    MSE, CalibrationError, ConfigError, Entropy, LayerOverride, MinMax, PerChannel, PerGroup, Percentile, PerTensor,
+    QuantConfig, QuantSpec, accuracy_report, quantize,
+)
+from tvm_lowprec.ptq.observers import TensorStats, observed_range, qparams
+
+from models import fp32_cnn, fp32_linear, quantize_qdq
+from reference import ort_session
+
+
+# ----------------------------------------------------------------------------- observers
+
+
+def test_qparams_hand_computed():
+    scale, zp = qparams(-1.0, 3.0, "uint8", symmetric=False)
+    assert scale == np.float32(4 / 255) and zp == 64  # round(0 - (-1) / (4/255)) = round(63.75)
+    scale, zp = qparams(-2.0, 1.0, "int8", symmetric=True)
+    assert scale == np.float32(2 / 127) and zp == 0
+    scale, zp = qparams(0.5, 2.0, "uint8", symmetric=False)  # the range always contains 0
+    assert scale == np.float32(2 / 255) and zp == 0
+    assert qparams(0.0, 0.0, "uint8", symmetric=False) == (np.float32(1.0), 0)  # all-zero tensor: exact zeros
+
+
+def test_minmax_and_percentile_ranges():
+    stats = TensorStats()
+    for chunk in np.array_split(np.arange(10000, dtype=np.float32) - 2000, 7):
+        stats.update(chunk)
+    assert (stats.lo, stats.hi) == (-2000.0, 7999.0)
+    assert observed_range(MinMax(), stats.lo, stats.hi, stats.sample, "uint8", False) == (-2000.0, 7999.0)
+    lo, hi = observed_range(Percentile(99.0), stats.lo, stats.hi, stats.sample, "uint8", False)
+    assert lo == pytest.approx(np.percentile(stats.sample, 1.0)) and hi == pytest.approx(np.percentile(stats.sample, 99.0))
+    assert -1950 < lo < -1850 and 7850 < hi < 7950
+
+
+@pytest.mark.parametrize("observer", [Entropy(), Percentile(99.9)])
+def test_clipping_observers_cut_a_lone_outlier(observer, rng):
+    values = np.concatenate([rng.standard_normal(20000), [80.0]]).astype(np.float32)
+    lo, hi = observed_range(observer, values.min(), values.max(), values, "int8", True)
+    assert 2.5 < hi < 10.0 and lo == pytest.approx(max(float(values.min()), -hi))
+
+
+def test_mse_range_beats_minmax_on_heavy_tails(rng):
+    values = rng.laplace(size=20000).astype(np.float32)
+
+    def mse(lo, hi):
+        scale, zp = qparams(lo, hi, "int8", True)
+        q = (np.clip(np.rint(values / scale) + zp, -127, 127) - zp) * scale
+        return np.mean((q - values) ** 2)
+
+    lo, hi = observed_range(MSE(), values.min(), values.max(), values, "int8", True)
+    assert hi < 0.95 * max(-values.min(), values.max())
+    assert mse(lo, hi) < 0.95 * mse(values.min(), values.max())
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_json_round_trip():
+    config = QuantConfig(
+        activations=QuantSpec("int8", symmetric=True, observer=Percentile(99.99)),
+        weights=QuantSpec("int8", True, PerChannel(0), MSE(steps=40)),
+        operators=("conv2d",),
+        overrides=(LayerOverride("conv1", activations=QuantSpec("uint8", observer=Entropy(1024))),
+                   LayerOverride("head", skip=True), LayerOverride("blocked", weights=QuantSpec("int8", True, PerGroup(64)))),
+        target_sqnr=30.0,
+    )
+    text = config.to_json()
+    json.loads(text)  # plain JSON
+    assert QuantConfig.from_json(text) == config
+    assert QuantConfig.from_json(QuantConfig().to_json()) == QuantConfig()
+
+
+def test_default_config_is_like_ort_quantize_static():
+    c = QuantConfig()
+    assert c.activations == QuantSpec("uint8", False, PerTensor(), MinMax())
+    assert c.weights == QuantSpec("int8", True, PerChannel(), MinMax())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: QuantSpec("int4"), lambda: Percentile(10), lambda: Entropy(16), lambda: MSE(steps=1), lambda: PerGroup(0),
+    lambda: QuantConfig(operators=("softmax",)),
+    lambda: QuantConfig(overrides=(LayerOverride("a"), LayerOverride("a", skip=True))),
+    lambda: QuantConfig.from_json('{"type": "Nope"}'),
+    lambda: QuantConfig.from_json('{"type": "QuantConfig", "colour": 1}'),
+])
+def test_invalid_config_is_a_clear_error(make):
+    with pytest.raises(ConfigError):
+        make()
+
+
+# ----------------------------------------------------------------------------- quantize
+
+
+def _sqnr(ref, got):
+    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    return 10 * np.log10(np.sum(ref ** 2) / np.sum((got - ref) ** 2))
+
+
+def _compare_with_ort(model, shape, rng, per_channel=True):
+    cal = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
+    held = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    mod = tvm_lowprec.from_onnx(model)
+    qmod = quantize(mod, cal, progress=False)
+    compiled = tvm_lowprec.compile(qmod, target="native")
+    fp32 = ort_session(model, optimized=False)
+    ort_int8 = ort_session(quantize_qdq(model, cal, per_channel=per_channel), optimized=False)
+    refs = [fp32.run(None, {"x": x})[0] for x in held]
+    ours = _sqnr(np.stack(refs), np.stack([compiled(x)[0] for x in held]))
+    theirs = _sqnr(np.stack(refs), np.stack([ort_int8.run(None, {"x": x})[0] for x in held]))
+    return mod, qmod, compiled, held, ours, theirs
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_quantized_model_runs_integer_kernels_and_matches_ort_accuracy(name, rng):
+    model, shape = {"mlp": (fp32_linear((8, 64), 64, act="relu", layers=3), (8, 64)),
+                    "cnn": (fp32_cnn((1, 3, 16, 16)), (1, 3, 16, 16))}[name]
+    mod, qmod, compiled, held, ours, theirs = _compare_with_ort(model, shape, rng)
+    kernels = [k.name for k in compiled.kernels()]
+    assert sum(k.startswith(("qgemm", "qconv2d", "qdepthwise")) for k in kernels) == (1 if name == "mlp" else 4)
+    assert ours > 24.0 and ours >= theirs - 0.3, (ours, theirs)
+    report = accuracy_report(mod, qmod, held, progress=False)
+    names = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Conv")]
+    assert [r.name for r in report.layers] == names and all(r.quantized for r in report.layers)
+    assert all(r.sqnr_db > 20 and r.cosine > 0.99 for r in report.layers)
+    assert report.output_sqnr_db == pytest.approx(ours, abs=0.01)
+    assert "| " + names[0] + " |" in report.table()
+
+
+def test_report_as_data_and_plot(rng, tmp_path):
+    model = fp32_linear((4, 32), 32, act="relu", layers=2)
+    data = [rng.standard_normal((4, 32)).astype(np.float32) for _ in range(4)]
+    mod = tvm_lowprec.from_onnx(model)
+    report = accuracy_report(mod, quantize(mod, data, progress=False), data, progress=False)
+    loaded = json.loads(report.to_json())
+    assert [r["name"] for r in loaded["layers"]] == ["matmul0", "matmul1"] and loaded["samples"] == 4
+    report.plot(tmp_path / "sqnr.png")
+    assert (tmp_path / "sqnr.png").stat().st_size > 1000
+
+
+def _model_with_one_bad_layer():
+    """Input feature 0 is 1000x the others and meets a 1000x smaller weight row: the FP32 function is
+    ordinary, but one per-tensor scale for matmul0's input wipes out the other 31 features."""
+    model = fp32_linear((8, 32), 32, act="relu", layers=3)
+    w0 = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    w0[0] *= 1e-3
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w0, model.graph.initializer[0].name))
+    return model
+
+
+def _bad_inputs(rng, n):
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((8, 32)).astype(np.float32)
+        x[:, 0] *= 1000
+        out.append(x)
+    return out
+
+
+def test_fallback_keeps_the_bad_layer_in_fp32_and_reaches_the_target(rng, caplog):
+    model = _model_with_one_bad_layer()
+    cal, held = _bad_inputs(rng, 8), _bad_inputs(rng, 4)
+    mod = tvm_lowprec.from_onnx(model)
+    plain = accuracy_report(mod, quantize(mod, cal, progress=False), held, progress=False)
+    assert plain.output_sqnr_db < 20  # the bad layer hurts
+    qmod = quantize(mod, cal, QuantConfig(target_sqnr=30.0), progress=False)
+    report = accuracy_report(mod, qmod, held, progress=False)
+    kept = [r.name for r in report.layers if not r.quantized]
+    assert kept == ["matmul0"], kept
+    assert report.output_sqnr_db >= 30.0
+    assert "matmul0" in caplog.text  # quantize says which layers it kept
+    compiled = tvm_lowprec.compile(qmod, target="native")
+    assert sum(k.name.startswith("qgemm") for k in compiled.kernels()) >= 1  # the rest still integer
+
+
+def test_override_skip_and_per_layer_spec(rng):
+    model = fp32_linear((8, 32), 32, act="relu", layers=3)
+    cal = [rng.standard_normal((8, 32)).astype(np.float32) for _ in range(4)]
+    mod = tvm_lowprec.from_onnx(model)
+    config = QuantConfig(overrides=(LayerOverride("matmul1", skip=True),
+                                    LayerOverride("matmul2", activations=QuantSpec("int8", symmetric=True))))
+    report = accuracy_report(mod, quantize(mod, cal, config, progress=False), cal, progress=False)
+    assert [r.quantized for r in report.layers] == [True, False, True]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_nan_in_calibration_data_names_sample_and_input(rng):
+    mod = tvm_lowprec.from_onnx(fp32_linear((4, 16), 16))
+    data = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(3)]
+    data[2][1, 3] = np.nan
+    with pytest.raises(CalibrationError, match=r"sample 2, input 'x': 1 NaN/Inf"):
+        quantize(mod, data, progress=False)
+
+
+def test_empty_calibration_set():
+    with pytest.raises(CalibrationError, match="empty"):
+        quantize(tvm_lowprec.from_onnx(fp32_linear((4, 16), 16)), [], progress=False)
+
+
+def test_unknown_override_and_unsupported_granularity(rng):
+    mod = tvm_lowprec.from_onnx(fp32_linear((4, 16), 16, layers=2))
+    data = [rng.standard_normal((4, 16)).astype(np.float32)]
+    with pytest.raises(ConfigError, match=r"unknown layer\(s\) \['nope'\].*'matmul0', 'matmul1'"):
+        quantize(mod, data, QuantConfig(overrides=(LayerOverride("nope", skip=True),)), progress=False)
+    with pytest.raises(ConfigError, match="PerGroup"):
+        quantize(mod, data, QuantConfig(weights=QuantSpec("int8", True, PerGroup(8))), progress=False)
+    with pytest.raises(ConfigError, match="per tensor"):
+        quantize(mod, data, QuantConfig(activations=QuantSpec("uint8", granularity=PerChannel(1))), progress=False)
+
+
+def test_constant_zero_tensor_gets_scale_one_and_stays_exact():
+    """An input that is 0 everywhere in calibration (a zero range) is quantized with scale 1: zero
+    stays exact, and the model still runs and matches FP32 on that input."""
+    model = fp32_linear((4, 16), 16, act="relu", layers=2)
+    mod = tvm_lowprec.from_onnx(model)
+    zeros = [np.zeros((4, 16), np.float32)] * 2
+    qmod = quantize(mod, zeros, progress=False)
+    compiled = tvm_lowprec.compile(qmod, target="native")
+    want = ort_session(model, optimized=False).run(None, {"x": zeros[0]})[0]
+    np.testing.assert_allclose(compiled(zeros[0])[0], want, atol=0.02 * np.abs(want).max() + 1e-6)

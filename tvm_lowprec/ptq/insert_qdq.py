@@ -1,0 +1,82 @@
+"""Pass: FP32 layers -> QDQ layers, the form that :func:`tvm_lowprec.compile` turns into integer kernels.
+
+For each planned layer: ``core(x, W)`` becomes ``core(dequantize(quantize(x)), dequantize(W_q))`` with
+``W_q`` the weights quantized here, at compile time, and the layer's output (after its bias and
+activation) becomes ``dequantize(quantize(out))``. Exactly ONNX's QDQ form, so the integer rewrite
+(:mod:`tvm_lowprec.quant.qdq_to_integer`) recognises it; the float bias stays float (the rewrite folds
+it into the int32 accumulator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax
+
+from .layers import Layer
+
+
+@dataclass(frozen=True)
+class TensorQuant:
+    """Scale(s) and zero point(s) of one tensor; ``axis`` for per-channel values."""
+
+    scale: np.ndarray  # float32, () or [C]
+    zero_point: np.ndarray  # dtype, same shape
+    dtype: str
+    axis: int = -1
+
+    def quantize(self, values: np.ndarray) -> np.ndarray:
+        info = np.iinfo(self.dtype)
+        shape = [1] * values.ndim
+        if self.scale.ndim:
+            shape[self.axis] = -1
+        s, z = self.scale.reshape(shape), self.zero_point.astype(np.int32).reshape(shape)
+        return np.clip(np.rint(values.astype(np.float32) / s) + z, info.min, info.max).astype(self.dtype)
+
+    def consts(self):
+        return relax.const(self.scale.astype(np.float32)), relax.const(self.zero_point.astype(self.dtype))
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    layer: Layer
+    x: TensorQuant
+    weight: TensorQuant
+    output: TensorQuant
+
+
+def _qdq(builder, expr, q: TensorQuant):
+    scale, zp = q.consts()
+    quantized = builder.emit(relax.op.quantize(expr, scale, zp, q.axis, q.dtype))
+    return relax.op.dequantize(quantized, scale, zp, q.axis, "float32")
+
+
+@relax.expr_functor.mutator
+class _Inserter(relax.PyExprMutator):
+    def __init__(self, mod, plans: list[LayerPlan]):
+        super().__init__(mod)
+        self.plans = plans
+
+    def visit_call_(self, call):
+        original = call
+        call = super().visit_call_(call)
+        for plan in self.plans:
+            if original.same_as(plan.layer.core):
+                x = self.builder_.emit(_qdq(self.builder_, call.args[0], plan.x))
+                w = plan.weight
+                scale, zp = w.consts()
+                wq = relax.const(w.quantize(plan.layer.weight))
+                wd = self.builder_.emit(relax.op.dequantize(wq, scale, zp, w.axis, "float32"))
+                call = relax.Call(call.op, [x, wd], call.attrs, call.ty_args)
+            if original.same_as(plan.layer.output_call):
+                call = _qdq(self.builder_, self.builder_.emit(call), plan.output)
+        return call
+
+
+def insert_qdq(mod, plans: list[LayerPlan]):
+    """``mod`` (a :func:`~.layers.prepare`-d module) with the planned layers in QDQ form, dataflow restored."""
+    inserter = _Inserter(mod, plans)
+    gvar = mod.get_global_var("main")
+    inserter.builder_.update_func(gvar, inserter.visit_expr(mod["main"]))
+    return relax.transform.ConvertToDataflow()(inserter.builder_.get())

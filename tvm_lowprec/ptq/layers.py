@@ -1,0 +1,118 @@
+"""The layers that post-training quantization works on, found in an FP32 Relax module.
+
+A layer is a ``matmul`` or ``conv2d`` (NCHW/OIHW) whose second operand is a float32 constant, with
+the ops that the integer kernel fuses after it: a constant bias ``add``, then ``relu`` / ``clip``.
+Its *input* is the activation operand, its *output* the last op of that chain; both are observed
+during calibration and quantized. Names come from the ONNX nodes (``lowprec.linear_nodes``, set by
+:func:`tvm_lowprec.from_onnx`) when the module came from ONNX, else ``<op>_<index>``.
+
+The module is first put in a canonical form (:func:`prepare`): constants folded, and dataflow blocks
+turned into plain bindings so that any tensor can be returned as an extra output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..quant.patterns import constant, static_shape
+
+_CORE = {"relax.matmul": "matmul", "relax.nn.conv2d": "conv2d"}
+_EPILOGUE = ("relax.nn.relu", "relax.clip")
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    kind: str  # "matmul" or "conv2d"
+    core: relax.Call
+    x: relax.Expr  # the activation operand
+    weight: np.ndarray  # float32, as the op takes it: [K, N] (matmul) or [O, I, KH, KW] (conv2d)
+    output: relax.Var  # bound to the chain's last op
+    output_call: relax.Call
+
+    @property
+    def channel_axis(self) -> int:
+        """The weight's output-channel axis."""
+        return 0 if self.kind == "conv2d" else self.weight.ndim - 1
+
+
+def prepare(mod: tvm.IRModule) -> tvm.IRModule:
+    """Constants folded, dataflow blocks as plain binding blocks (every var can be returned)."""
+    mod = relax.transform.FoldConstant()(mod)
+    return relax.transform.ToNonDataflow()(mod)
+
+
+def bindings(func) -> list:
+    return [b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
+
+
+def _uses(func) -> dict:
+    """var -> number of uses (in binding values and the function's result)."""
+    counts: dict = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+
+    for b in bindings(func):
+        relax.analysis.post_order_visit(b.value, visit)
+    relax.analysis.post_order_visit(func.body.body, visit)
+    return counts
+
+
+def _is_op(value, names) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in names
+
+
+def _small_constant(expr, lookup, channels: int) -> bool:
+    """A constant that broadcasts as a per-channel (or scalar) bias."""
+    value = constant(expr, lookup)
+    return value is not None and value.dtype == np.float32 and value.size in (1, channels)
+
+
+def find_layers(mod: tvm.IRModule) -> list[Layer]:
+    """The quantizable layers of ``mod["main"]`` (a :func:`prepare`-d module), in execution order."""
+    func = mod["main"]
+    table = {b.var: b.value for b in bindings(func)}
+    lookup = table.get
+    uses = _uses(func)
+    consumer = {}
+    for b in bindings(func):
+        relax.analysis.post_order_visit(
+            b.value, lambda e, b=b: consumer.setdefault(e, b) if isinstance(e, relax.Var) else None
+        )
+    cores = [b for b in bindings(func) if _is_op(b.value, _CORE)]
+    attrs = func.attrs
+    onnx_names = [str(n) for n in attrs["lowprec.linear_nodes"]] if attrs is not None and "lowprec.linear_nodes" in attrs else []
+    layers = []
+    for index, b in enumerate(cores):
+        kind = _CORE[b.value.op.name]
+        name = onnx_names[index] if len(onnx_names) == len(cores) else f"{kind}_{index}"
+        weight = constant(b.value.args[1], lookup)
+        if weight is None or weight.dtype != np.float32 or static_shape(b.value.args[0]) is None:
+            continue
+        if kind == "conv2d" and (str(b.value.attrs.data_layout) != "NCHW" or str(b.value.attrs.kernel_layout) != "OIHW"):
+            continue
+        if kind == "matmul" and weight.ndim != 2:
+            continue
+        channels = weight.shape[0] if kind == "conv2d" else weight.shape[-1]
+        out_var, out_call = b.var, b.value
+        while uses.get(out_var, 0) == 1 and out_var in consumer:
+            nxt = consumer[out_var]
+            value = nxt.value
+            bias = _is_op(value, ("relax.add",)) and any(
+                a.same_as(out_var) for a in value.args) and _small_constant(
+                value.args[1] if value.args[0].same_as(out_var) else value.args[0], lookup, channels)
+            if not (bias or (_is_op(value, _EPILOGUE) and value.args[0].same_as(out_var))):
+                break
+            out_var, out_call = nxt.var, value
+        layers.append(Layer(name, kind, b.value, b.value.args[0], weight, out_var, out_call))
+    return layers
+
+
+def layer_names(layers) -> list[str]:
+    return [layer.name for layer in layers]

@@ -1,0 +1,153 @@
+"""Observers: from observed values to a clipping range, and from a range to a scale and zero point.
+
+Activations are observed over the calibration set: exact running min/max, plus a bounded uniform
+sample of the values (:class:`TensorStats`) for the observers that need the distribution
+(:class:`~.config.Percentile`, :class:`~.config.Entropy`, :class:`~.config.MSE`). Weights are known
+whole, so their observers see every value (per channel when asked).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import MSE, ConfigError, Entropy, MinMax, Percentile
+
+SAMPLE_CAP = 1 << 16
+_QRANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def qrange(dtype: str, symmetric: bool) -> tuple[int, int]:
+    """Integer range used: symmetric int8 leaves out -128 so that +-max are both representable."""
+    lo, hi = _QRANGE[dtype]
+    return (-127, 127) if symmetric and dtype == "int8" else (lo, hi)
+
+
+class TensorStats:
+    """Running min/max and a uniform sample (at most :data:`SAMPLE_CAP` values) of one tensor."""
+
+    def __init__(self, seed: int = 0):
+        self.lo, self.hi, self.seen = np.inf, -np.inf, 0
+        self.sample = np.empty(0, np.float32)
+        self._rng = np.random.default_rng(seed)
+
+    def update(self, values: np.ndarray) -> None:
+        flat = np.asarray(values, np.float32).reshape(-1)
+        if flat.size == 0:
+            return
+        self.lo, self.hi = min(self.lo, float(flat.min())), max(self.hi, float(flat.max()))
+        total = self.seen + flat.size
+        keep_old = min(self.sample.size, round(SAMPLE_CAP * self.seen / total))
+        keep_new = min(flat.size, SAMPLE_CAP - keep_old)
+        old = self._rng.choice(self.sample, keep_old, replace=False) if keep_old < self.sample.size else self.sample
+        new = self._rng.choice(flat, keep_new, replace=False) if keep_new < flat.size else flat
+        self.sample, self.seen = np.concatenate([old, new]), total
+
+
+def observed_range(observer, lo: float, hi: float, sample: np.ndarray, dtype: str, symmetric: bool):
+    """The (low, high) clipping range that ``observer`` picks; always contains 0."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if isinstance(observer, MinMax) or hi - lo == 0.0 or sample.size == 0:
+        return lo, hi
+    if isinstance(observer, Percentile):
+        if symmetric:
+            t = float(np.percentile(np.abs(sample), observer.percentile))
+            return max(lo, -t), min(hi, t)
+        return min(float(np.percentile(sample, 100.0 - observer.percentile)), 0.0), \
+            max(float(np.percentile(sample, observer.percentile)), 0.0)
+    if isinstance(observer, Entropy):
+        t = entropy_threshold(sample, observer.bins, levels=128 if lo < 0 else 256)
+        return max(lo, -t), min(hi, t)
+    if isinstance(observer, MSE):
+        return mse_range(sample, lo, hi, observer, dtype, symmetric)
+    raise ConfigError(f"unknown observer {observer!r}")
+
+
+def entropy_threshold(sample: np.ndarray, bins: int, levels: int) -> float:
+    """TensorRT's KL calibration on |x|: the threshold whose clipped histogram, quantized to ``levels``
+    levels, loses the least information (smallest KL divergence)."""
+    values = np.abs(sample.astype(np.float64))
+    amax = float(values.max())
+    if amax == 0.0:
+        return 0.0
+    hist, edges = np.histogram(values, bins=bins, range=(0.0, amax))
+    hist = hist.astype(np.float64)
+    best, best_i = np.inf, bins
+    for i in range(levels, bins + 1):
+        p = hist[:i].copy()
+        p[-1] += hist[i:].sum()
+        q = _quantized_histogram(hist[:i], levels)
+        kl = _kl(p, q)
+        if kl < best:
+            best, best_i = kl, i
+    return float(edges[best_i]) if best_i < bins else amax
+
+
+def _quantized_histogram(p: np.ndarray, levels: int) -> np.ndarray:
+    """``p`` merged into ``levels`` chunks, each chunk's mass spread evenly over its non-empty bins."""
+    q = np.zeros_like(p)
+    bounds = np.linspace(0, p.size, levels + 1).astype(int)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        chunk = p[a:b]
+        nonzero = chunk > 0
+        if nonzero.any():
+            q[a:b][nonzero] = chunk.sum() / nonzero.sum()
+    return q
+
+
+def _smooth(d: np.ndarray, eps: float = 1e-4) -> np.ndarray:
+    """A normalised distribution with its empty bins given ``eps`` (taken from the others), so that a
+    bin that only the clipped tail fills does not make the divergence infinite."""
+    d = d / d.sum()
+    zeros = d == 0
+    n_zero, n_nonzero = int(zeros.sum()), int((~zeros).sum())
+    if n_zero == 0 or n_nonzero == 0:
+        return d
+    return np.where(zeros, eps, d - eps * n_zero / n_nonzero)
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    if q.sum() == 0:
+        return np.inf
+    p, q = _smooth(p), _smooth(q)
+    if np.any(q <= 0) or np.any(p <= 0):
+        return np.inf
+    return float(np.sum(p * np.log(p / q)))
+
+
+def mse_range(sample: np.ndarray, lo: float, hi: float, observer: MSE, dtype: str, symmetric: bool):
+    """Among the full range shrunk by fractions in [min_fraction, 1], the one whose quantization of
+    ``sample`` has the smallest mean squared error."""
+    x = sample.astype(np.float64)
+    qmin, qmax = qrange(dtype, symmetric)
+    best, best_range = np.inf, (lo, hi)
+    for fraction in np.linspace(observer.min_fraction, 1.0, observer.steps):
+        cand = (lo * fraction, hi * fraction)
+        scale, zp = qparams(*cand, dtype, symmetric)
+        err = np.mean(((np.clip(np.rint(x / scale) + zp, qmin, qmax) - zp) * scale - x) ** 2)
+        if err < best:
+            best, best_range = err, cand
+    return best_range
+
+
+def qparams(lo: float, hi: float, dtype: str, symmetric: bool) -> tuple[np.float32, int]:
+    """Scale and zero point that map [lo, hi] (containing 0) onto ``dtype``.
+
+    A zero range (a tensor that is 0 everywhere) gets scale 1.0: zero is exact with any scale.
+    """
+    qmin, qmax = qrange(dtype, symmetric)
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if symmetric:
+        amax = max(-lo, hi)
+        zp = 0 if dtype == "int8" else 128
+        scale = 2.0 * amax / (qmax - qmin)
+    else:
+        scale = (hi - lo) / (qmax - qmin)
+        zp = None
+    scale32 = np.float32(scale)
+    if not np.isfinite(scale32):
+        raise ConfigError(f"range [{lo}, {hi}] gives a non-finite scale")
+    if scale32 <= np.finfo(np.float32).tiny:  # zero range
+        return np.float32(1.0), (128 if symmetric and dtype == "uint8" else 0)
+    if zp is None:
+        zp = int(np.clip(np.rint(qmin - lo / float(scale32)), qmin, qmax))
+    return scale32, zp

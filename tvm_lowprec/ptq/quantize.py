@@ -1,0 +1,193 @@
+"""``quantize``: an FP32 Relax module plus calibration data -> a QDQ module for :func:`tvm_lowprec.compile`.
+
+Steps: find the layers (:mod:`.layers`); run the FP32 model compiled by TVM on the calibration data,
+observing each layer's input and output (:mod:`.calibrate`); turn the observations into scales and
+zero points (:mod:`.observers`) and quantize the weights; write the QDQ form (:mod:`.insert_qdq`).
+With ``config.target_sqnr``, layers are then kept in FP32, the most harmful first, until the output
+SQNR against FP32 reaches the target (:func:`fallback`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tvm
+
+from .calibrate import calibrate, normalise_sample, model_inputs
+from .config import ConfigError, PerChannel, PerGroup, PerTensor, QuantConfig, QuantSpec
+from .insert_qdq import LayerPlan, TensorQuant, insert_qdq
+from .layers import Layer, find_layers, prepare
+from .observers import TensorStats, observed_range, qparams, qrange
+
+log = logging.getLogger("tvm_lowprec.ptq")
+
+
+def _activation_quant(stats: TensorStats, spec: QuantSpec) -> TensorQuant:
+    lo, hi = observed_range(spec.observer, stats.lo, stats.hi, stats.sample, spec.dtype, spec.symmetric)
+    scale, zp = qparams(lo, hi, spec.dtype, spec.symmetric)
+    return TensorQuant(np.asarray(scale, np.float32), np.asarray(zp, spec.dtype), spec.dtype)
+
+
+def _weight_quant(layer: Layer, spec: QuantSpec) -> TensorQuant:
+    w = layer.weight
+    if isinstance(spec.granularity, PerTensor):
+        lo, hi = observed_range(spec.observer, w.min(), w.max(), w.reshape(-1), spec.dtype, spec.symmetric)
+        scale, zp = qparams(lo, hi, spec.dtype, spec.symmetric)
+        return TensorQuant(np.asarray(scale, np.float32), np.asarray(zp, spec.dtype), spec.dtype)
+    axis = layer.channel_axis if spec.granularity.axis is None else spec.granularity.axis % w.ndim
+    if axis != layer.channel_axis:
+        raise ConfigError(f"layer {layer.name!r}: per-channel weights need the output-channel axis "
+                          f"{layer.channel_axis} of its {layer.kind} weight {list(w.shape)}, not axis {axis}")
+    per_channel = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    scales, zps = [], []
+    for values in per_channel:
+        lo, hi = observed_range(spec.observer, values.min(), values.max(), values, spec.dtype, spec.symmetric)
+        s, z = qparams(lo, hi, spec.dtype, spec.symmetric)
+        scales.append(s)
+        zps.append(z)
+    return TensorQuant(np.asarray(scales, np.float32), np.asarray(zps, spec.dtype), spec.dtype, axis)
+
+
+def _check_config(config: QuantConfig, layers: list[Layer]) -> None:
+    known = [layer.name for layer in layers]
+    unknown = [o.layer for o in config.overrides if o.layer not in known]
+    if unknown:
+        raise ConfigError(f"override(s) for unknown layer(s) {unknown}; the model's layers are {known}")
+    specs = [("activations", config.activations), ("weights", config.weights)]
+    specs += [(f"override {o.layer!r} {kind}", s) for o in config.overrides
+              for kind, s in (("activations", o.activations), ("weights", o.weights)) if s is not None]
+    for where, spec in specs:
+        if isinstance(spec.granularity, PerGroup):
+            raise ConfigError(f"{where}: PerGroup (block) quantization is not supported by the integer kernels "
+                              f"or by Relax's dequantize yet; use PerChannel or PerTensor")
+        if "activations" in where and isinstance(spec.granularity, PerChannel):
+            raise ConfigError(f"{where}: activations are quantized per tensor (the integer kernels take one "
+                              f"activation zero point); use PerTensor")
+
+
+def _layer_keys(layer: Layer) -> tuple[str, str]:
+    return f"layer {layer.name!r} input", f"layer {layer.name!r} output"
+
+
+def plan_layers(layers, stats_by_var, config: QuantConfig, keep_fp32=()) -> list[LayerPlan]:
+    plans = []
+    for layer in layers:
+        settings = config.for_layer(layer.name)
+        if settings.skip or layer.name in keep_fp32:
+            continue
+        plans.append(LayerPlan(layer, _activation_quant(stats_by_var[layer.x], settings.activations),
+                               _weight_quant(layer, settings.weights),
+                               _activation_quant(stats_by_var[layer.output], settings.activations)))
+    return plans
+
+
+def _with_layer_record(qmod, layers, plans):
+    quantized = {p.layer.name for p in plans}
+    record = [[layer.name, layer.kind, layer.output.name, "1" if layer.name in quantized else "0"]
+              for layer in layers]
+    gvar = qmod.get_global_var("main")
+    qmod[gvar] = qmod["main"].with_attr("lowprec.ptq_layers", record)
+    return qmod
+
+
+def _output_sqnr(mod, reference: list[list[np.ndarray]], feeds, target) -> float:
+    import tvm_lowprec
+
+    compiled = tvm_lowprec.compile(mod, target=target)
+    ref2 = err2 = 0.0
+    for feed, ref in zip(feeds, reference):
+        for r, q in zip(ref, compiled(feed)):
+            r, q = np.asarray(r, np.float64), np.asarray(q, np.float64)
+            ref2, err2 = ref2 + float(np.sum(r * r)), err2 + float(np.sum((q - r) ** 2))
+    return float("inf") if err2 == 0 else float(10 * np.log10(max(ref2, 1e-300) / err2))
+
+
+def fallback(prepared, layers, plans, target_sqnr: float, feeds, target, progress=True):
+    """Keep layers in FP32, the most harmful first, until the output SQNR reaches ``target_sqnr``.
+
+    Harm is measured one layer at a time: the output SQNR with only that layer quantized (lowest
+    first). Returns (plans left, names kept in FP32, SQNR reached)."""
+    import tvm_lowprec
+    from tqdm.auto import tqdm
+
+    fp32 = tvm_lowprec.compile(relax_dataflow(prepared), target=target)
+    reference = [fp32(feed) for feed in feeds]
+    current = _output_sqnr(insert_qdq(prepared, plans), reference, feeds, target)
+    if current >= target_sqnr:
+        return plans, [], current
+    alone = {p.layer.name: _output_sqnr(insert_qdq(prepared, [p]), reference, feeds, target)
+             for p in tqdm(plans, desc="sensitivity", disable=not progress, leave=False)}
+    order = sorted(alone, key=lambda name: alone[name])
+    kept: list[str] = []
+    for name in order:
+        kept.append(name)
+        left = [p for p in plans if p.layer.name not in kept]
+        current = _output_sqnr(insert_qdq(prepared, left), reference, feeds, target) if left else float("inf")
+        log.info("kept %s in FP32: output SQNR %.2f dB", name, current)
+        if current >= target_sqnr:
+            break
+    return [p for p in plans if p.layer.name not in kept], kept, current
+
+
+def relax_dataflow(mod):
+    from tvm import relax
+
+    return relax.transform.ConvertToDataflow()(mod)
+
+
+def quantize(mod: tvm.IRModule, calibration_data, config: QuantConfig | None = None, *, validation_data=None,
+             target="native", progress: bool = True) -> tvm.IRModule:
+    """Post-training quantization of an FP32 Relax module (e.g. from :func:`tvm_lowprec.from_onnx`).
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The FP32 model.
+    calibration_data : iterable
+        Samples: dicts by input name, or one array each for a one-input model, or tuples in input order.
+    config : QuantConfig, optional
+        Defaults to ONNX Runtime ``quantize_static``'s: uint8 asymmetric per-tensor activations, int8
+        symmetric per-channel weights, MinMax.
+    validation_data : iterable, optional
+        Inputs for the ``target_sqnr`` fallback (default: the calibration data).
+
+    Returns
+    -------
+    tvm.IRModule
+        The QDQ module; :func:`tvm_lowprec.compile` makes integer kernels of it. ``main`` carries
+        ``lowprec.ptq_layers`` (each layer's name, op, output tensor and whether it is quantized),
+        read by :func:`~tvm_lowprec.ptq.accuracy_report`.
+    """
+    config = config or QuantConfig()
+    samples = list(calibration_data)
+    prepared = prepare(mod)
+    layers = [layer for layer in find_layers(prepared) if layer.kind in config.operators]
+    _check_config(config, layers)
+    active = [layer for layer in layers if not config.for_layer(layer.name).skip]
+    if not active:
+        from .calibrate import CalibrationError
+
+        what = "every layer is skipped by the config" if layers else "no matmul or conv2d with constant weights"
+        raise CalibrationError(f"nothing to quantize: {what}")
+    tensors, keys_by_var = {}, {}
+    for layer in active:
+        for key, var in zip(_layer_keys(layer), (layer.x, layer.output)):
+            if var not in keys_by_var:
+                keys_by_var[var] = key
+                tensors[key] = var
+    stats = calibrate(prepared, tensors, samples, progress=progress, target=target)
+    stats_by_var = {var: stats[key] for var, key in keys_by_var.items()}
+    plans = plan_layers(active, stats_by_var, config)
+    if config.target_sqnr is not None and plans:
+        names = model_inputs(mod)
+        feeds = [normalise_sample(s, names, i) for i, s in enumerate(samples if validation_data is None
+                                                                       else list(validation_data))]
+        plans, kept, reached = fallback(prepared, layers, plans, config.target_sqnr, feeds, target, progress)
+        if kept:
+            log.warning("kept %d layer(s) in FP32 to reach output SQNR %.1f dB (now %.2f dB): %s",
+                        len(kept), config.target_sqnr, reached, ", ".join(kept))
+    return _with_layer_record(insert_qdq(prepared, plans), layers, plans)
+
+
+__all__ = ["fallback", "plan_layers", "quantize", "qrange"]

@@ -1,0 +1,153 @@
+"""Accuracy of a quantized module against its FP32 original: per layer and on the final outputs.
+
+For every layer (:mod:`.layers`) the output of the quantized model, as its integer kernels compute it,
+is compared with the FP32 model's output of the same layer on the same inputs: SQNR in dB
+(``10 log10(sum ref^2 / sum (q - ref)^2)``, over all inputs) and cosine similarity. Errors accumulate
+along the network, so a layer's row shows the damage up to and including that layer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .calibrate import model_inputs, normalise_sample, tensor_vars, with_outputs
+from .layers import prepare
+
+
+@dataclass
+class _Accumulator:
+    ref2: float = 0.0
+    err2: float = 0.0
+    dot: float = 0.0
+    q2: float = 0.0
+
+    def add(self, ref: np.ndarray, q: np.ndarray) -> None:
+        ref, q = np.asarray(ref, np.float64).reshape(-1), np.asarray(q, np.float64).reshape(-1)
+        self.ref2 += float(ref @ ref)
+        self.err2 += float((q - ref) @ (q - ref))
+        self.dot += float(ref @ q)
+        self.q2 += float(q @ q)
+
+    @property
+    def sqnr_db(self) -> float:
+        if self.err2 == 0.0:
+            return float("inf")
+        return float(10.0 * np.log10(max(self.ref2, 1e-300) / self.err2))
+
+    @property
+    def cosine(self) -> float:
+        denom = np.sqrt(self.ref2 * self.q2)
+        return float(self.dot / denom) if denom > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class TensorAccuracy:
+    name: str
+    kind: str  # the layer's operator, or "output"
+    quantized: bool
+    sqnr_db: float
+    cosine: float
+
+
+@dataclass
+class AccuracyReport:
+    layers: list[TensorAccuracy] = field(default_factory=list)
+    outputs: list[TensorAccuracy] = field(default_factory=list)
+    samples: int = 0
+
+    @property
+    def output_sqnr_db(self) -> float:
+        """SQNR of all final outputs together (the figure :class:`~.config.QuantConfig`'s target_sqnr is for)."""
+        return min((o.sqnr_db for o in self.outputs), default=float("inf"))
+
+    def to_dict(self) -> dict:
+        return {"samples": self.samples, "layers": [asdict(r) for r in self.layers],
+                "outputs": [asdict(r) for r in self.outputs]}
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def table(self) -> str:
+        """A Markdown table, layers in execution order, then the outputs."""
+        lines = [f"Accuracy against FP32 over {self.samples} input(s)", "",
+                 "| tensor | op | quantized | SQNR (dB) | cosine |", "|---|---|---|---:|---:|"]
+        for r in self.layers + self.outputs:
+            lines.append(f"| {r.name} | {r.kind} | {'yes' if r.quantized else 'FP32'} | {r.sqnr_db:.2f} | {r.cosine:.6f} |")
+        return "\n".join(lines)
+
+    def plot(self, path) -> None:
+        """SQNR per layer as a bar chart (PNG or PDF by ``path``'s suffix); needs matplotlib."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = self.layers + self.outputs
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(rows) + 2), 4))
+        values = [min(r.sqnr_db, 99.0) for r in rows]
+        colors = ["tab:blue" if r.kind != "output" else "tab:orange" for r in rows]
+        colors = [c if r.quantized or r.kind == "output" else "tab:gray" for c, r in zip(colors, rows)]
+        ax.bar(range(len(rows)), values, color=colors)
+        ax.set_xticks(range(len(rows)), [r.name for r in rows], rotation=70, ha="right", fontsize=7)
+        ax.set_ylabel("SQNR vs FP32 (dB)")
+        ax.set_title("Per-layer accuracy (grey: kept in FP32, orange: final outputs)")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+
+
+def ptq_layers(qmod) -> list[tuple[str, str, str, bool]]:
+    """(layer name, op, output var name, quantized) recorded by :func:`~tvm_lowprec.ptq.quantize`."""
+    attrs = qmod["main"].attrs
+    if attrs is None or "lowprec.ptq_layers" not in attrs:
+        raise ValueError("the module was not made by tvm_lowprec.ptq.quantize (no lowprec.ptq_layers attribute)")
+    return [(str(n), str(k), str(v), bool(int(q))) for n, k, v, q in attrs["lowprec.ptq_layers"]]
+
+
+def _observing(mod, var_names: list[str], target):
+    import tvm_lowprec
+
+    table = tensor_vars(mod)
+    missing = [v for v in var_names if v not in table]
+    if missing:
+        raise ValueError(f"tensors {missing} not found in the module")
+    observed = with_outputs(mod, [table[v] for v in var_names])
+    return tvm_lowprec.compile(relax.transform.ConvertToDataflow()(observed), target=target)
+
+
+def accuracy_report(fp32_mod: tvm.IRModule, quantized_mod: tvm.IRModule, inputs, *, target="native",
+                    progress: bool = True) -> AccuracyReport:
+    """Compare ``quantized_mod`` (from :func:`~tvm_lowprec.ptq.quantize`) with ``fp32_mod`` on ``inputs``
+    (an iterable of samples, as for calibration)."""
+    from tqdm.auto import tqdm
+
+    layers = ptq_layers(quantized_mod)
+    var_names = [v for _, _, v, _ in layers]
+    fp32 = _observing(prepare(fp32_mod), var_names, target)
+    quant = _observing(relax.transform.ToNonDataflow()(quantized_mod), var_names, target)
+    names = model_inputs(fp32_mod)
+    acc_layers = [_Accumulator() for _ in layers]
+    acc_outputs: list[_Accumulator] = []
+    count = 0
+    for index, sample in enumerate(tqdm(inputs, desc="accuracy", disable=not progress, leave=False)):
+        feed = normalise_sample(sample, names, index)
+        ref, got = fp32(feed), quant(feed)
+        n_out = len(ref) - len(layers)
+        if not acc_outputs:
+            acc_outputs = [_Accumulator() for _ in range(n_out)]
+        for acc, r, q in zip(acc_outputs, ref[:n_out], got[:n_out]):
+            acc.add(r, q)
+        for acc, r, q in zip(acc_layers, ref[n_out:], got[n_out:]):
+            acc.add(r, q)
+        count += 1
+    report = AccuracyReport(samples=count)
+    for (name, kind, _, quantized), acc in zip(layers, acc_layers):
+        report.layers.append(TensorAccuracy(name, kind, quantized, acc.sqnr_db, acc.cosine))
+    for i, acc in enumerate(acc_outputs):
+        report.outputs.append(TensorAccuracy(f"output {i}", "output", True, acc.sqnr_db, acc.cosine))
+    return report
