@@ -135,3 +135,28 @@ def test_dynamic_dimension_is_reported_with_the_fix():
     assert not [k for k in c.kernels() if k.op == "qgemm"]
     fixed = tvm_lowprec.compile(tvm_lowprec.from_onnx(model, shape_dict={"a": [4, 32]}), target="native")
     assert [k.op for k in fixed.kernels()].count("qgemm") == 1
+
+
+def test_clip_with_constant_bounds_imports_as_relax_clip(rng):
+    """Constant Clip bounds become relax.clip (readable by the rewrite and calibration); a NaN bound
+    (unbounded, in ONNX) keeps TVM's own form. Both compute ONNX's Clip."""
+    import tvm
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm import relax
+
+    def model(lo, hi):
+        inits = [numpy_helper.from_array(np.float32(lo), "lo"), numpy_helper.from_array(np.float32(hi), "hi")]
+        graph = helper.make_graph([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], "clip",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    x = (rng.standard_normal((4, 8)) * 5).astype(np.float32)
+    for lo, hi, relax_clip in ((0.0, 6.0, True), (np.nan, 2.0, False)):
+        mod = tvm_lowprec.from_onnx(model(lo, hi))
+        ops = []
+        relax.analysis.post_order_visit(mod["main"], lambda e: ops.append(e.op.name) if isinstance(e, relax.Call)
+                                        and isinstance(e.op, tvm.ir.Op) else None)
+        assert ("relax.clip" in ops) == relax_clip
+        want = np.minimum(np.maximum(x, -np.inf if np.isnan(lo) else lo), hi)
+        np.testing.assert_array_equal(tvm_lowprec.compile(mod)(x)[0], want)

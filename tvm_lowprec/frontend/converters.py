@@ -1,6 +1,6 @@
 """Converters for ONNX operators that TVM 0.27's Relax importer lacks, in its own converter form.
 
-``ConvInteger`` is an int32 convolution of zero-point-shifted 8-bit operands; it has no float
+``Clip`` with constant bounds becomes ``relax.op.clip`` (below). ``ConvInteger`` is an int32 convolution of zero-point-shifted 8-bit operands; it has no float
 equivalent in ONNX (a float Conv loses exactness past 2**24), so it is converted here, into the same
 ``astype -> subtract -> conv2d`` shape that ``MatMulInteger`` takes, which the integer rewrite matches.
 The importer is given these converters only for the duration of :func:`tvm_lowprec.from_onnx`.
@@ -41,7 +41,41 @@ class ConvInteger(_tvm_onnx.OnnxOpConverter):
         return _tvm_onnx.Conv._impl_v11(bb, [x32, w32, None], dict(attr), params)
 
 
-EXTRA_CONVERTERS = {"ConvInteger": ConvInteger}
+def _scalar_bound(expr):
+    """The float value of a constant scalar Clip bound, or None (absent, non-constant, NaN)."""
+    import numpy as np
+    import tvm
+
+    if expr is None or not isinstance(expr, tvm.ir.expr.Constant):
+        return None
+    value = expr.value.numpy()
+    if value.size != 1 or np.isnan(value.reshape(())):
+        return None
+    return float(value.reshape(()))
+
+
+class Clip(_tvm_onnx.Clip):
+    """Clip with constant bounds as ``relax.op.clip`` (TVM's importer emits two ``call_tir`` of TE
+    maximum/minimum, which no pass can read): the integer rewrite then folds it into the kernel's
+    output range, and calibration sees it as the layer's activation."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        lo, hi = float(attr.get("min", float("-inf"))), float(attr.get("max", float("inf")))
+        return relax.op.clip(inputs[0], lo, hi)
+
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        given = [inputs[i] if len(inputs) > i else None for i in (1, 2)]
+        bounds = [_scalar_bound(b) for b in given]
+        if any(g is not None and b is None for g, b in zip(given, bounds)):
+            return super()._impl_v13(bb, inputs, attr, params)  # run-time or NaN bounds: TVM's form
+        lo = bounds[0] if bounds[0] is not None else float("-inf")
+        hi = bounds[1] if bounds[1] is not None else float("inf")
+        return relax.op.clip(inputs[0], lo, hi)
+
+
+EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip}
 
 
 @contextlib.contextmanager

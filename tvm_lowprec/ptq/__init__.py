@@ -15,11 +15,11 @@ from .config import (
     QuantConfig,
     QuantSpec,
 )
-from .quantize import quantize
+from .quantize import Observations, observe, quantize
 from .report import AccuracyReport, TensorAccuracy, accuracy_report
 
 __all__ = [
-    "MSE", "AccuracyReport", "CalibrationError", "ConfigError", "Entropy", "LayerOverride", "MinMax",
+    "MSE", "AccuracyReport", "Observations", "observe", "CalibrationError", "ConfigError", "Entropy", "LayerOverride", "MinMax",
     "PerChannel", "PerGroup", "PerTensor", "Percentile", "QuantConfig", "QuantSpec", "TensorAccuracy",
     "accuracy_report", "quantize",
 ]

@@ -1,7 +1,8 @@
 """Pass: FP32 layers -> QDQ layers, the form that :func:`tvm_lowprec.compile` turns into integer kernels.
 
 For each planned layer: ``core(x, W)`` becomes ``core(dequantize(quantize(x)), dequantize(W_q))`` with
-``W_q`` the weights quantized here, at compile time, and the layer's output (after its bias and
+``W_q`` the weights quantized here, at compile time (a second activation operand gets a run-time
+quantize/dequantize pair instead), and the layer's output (after its bias and
 activation) becomes ``dequantize(quantize(out))``. Exactly ONNX's QDQ form, so the integer rewrite
 (:mod:`tvm_lowprec.quant.qdq_to_integer`) recognises it; the float bias stays float (the rewrite folds
 it into the int32 accumulator).
@@ -65,9 +66,12 @@ class _Inserter(relax.PyExprMutator):
             if original.same_as(plan.layer.core):
                 x = self.builder_.emit(_qdq(self.builder_, call.args[0], plan.x))
                 w = plan.weight
-                scale, zp = w.consts()
-                wq = relax.const(w.quantize(plan.layer.weight))
-                wd = self.builder_.emit(relax.op.dequantize(wq, scale, zp, w.axis, "float32"))
+                if plan.layer.runtime_weights:  # a second activation: quantized at run time
+                    wd = self.builder_.emit(_qdq(self.builder_, call.args[1], w))
+                else:  # constant weights: quantized here, once
+                    scale, zp = w.consts()
+                    wq = relax.const(w.quantize(plan.layer.weight))
+                    wd = self.builder_.emit(relax.op.dequantize(wq, scale, zp, w.axis, "float32"))
                 call = relax.Call(call.op, [x, wd], call.attrs, call.ty_args)
             if original.same_as(plan.layer.output_call):
                 call = _qdq(self.builder_, self.builder_.emit(call), plan.output)

@@ -3,7 +3,9 @@
 A layer is a ``matmul`` or ``conv2d`` (NCHW/OIHW) whose second operand is a float32 constant, with
 the ops that the integer kernel fuses after it: a constant bias ``add``, then ``relu`` / ``clip``.
 Its *input* is the activation operand, its *output* the last op of that chain; both are observed
-during calibration and quantized. Names come from the ONNX nodes (``lowprec.linear_nodes``, set by
+during calibration and quantized. A ``matmul`` of two activations (attention's ``Q K^T`` and
+``P V``) is a layer too, with ``weight=None``: its second operand is observed and quantized like an
+activation. Names come from the ONNX nodes (``lowprec.linear_nodes``, set by
 :func:`tvm_lowprec.from_onnx`) when the module came from ONNX, else ``<op>_<index>``.
 
 The module is first put in a canonical form (:func:`prepare`): constants folded, and dataflow blocks
@@ -22,6 +24,15 @@ from ..quant.patterns import constant, static_shape
 
 _CORE = {"relax.matmul": "matmul", "relax.nn.conv2d": "conv2d"}
 _EPILOGUE = ("relax.nn.relu", "relax.clip")
+BOUNDED = {"relax.nn.softmax": (0.0, 1.0), "relax.sigmoid": (0.0, 1.0), "relax.tanh": (-1.0, 1.0)}
+
+
+def _known_range(expr, lookup):
+    """The output range of the op that produces ``expr``, when the op bounds it (:data:`BOUNDED`)."""
+    value = lookup(expr) if isinstance(expr, relax.Var) else None
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        return BOUNDED.get(value.op.name)
+    return None
 
 
 @dataclass(frozen=True)
@@ -30,14 +41,22 @@ class Layer:
     kind: str  # "matmul" or "conv2d"
     core: relax.Call
     x: relax.Expr  # the activation operand
-    weight: np.ndarray  # float32, as the op takes it: [K, N] (matmul) or [O, I, KH, KW] (conv2d)
+    weight: np.ndarray | None  # float32, as the op takes it: [K, N] (matmul) or [O, I, KH, KW] (conv2d)
     output: relax.Var  # bound to the chain's last op
     output_call: relax.Call
+    b: relax.Expr | None = None  # the second activation operand of a matmul of two activations
+    # the operands' ranges where their producer bounds them (softmax, sigmoid: [0, 1]; tanh: [-1, 1])
+    x_range: tuple[float, float] | None = None
+    b_range: tuple[float, float] | None = None
 
     @property
     def channel_axis(self) -> int:
         """The weight's output-channel axis."""
         return 0 if self.kind == "conv2d" else self.weight.ndim - 1
+
+    @property
+    def runtime_weights(self) -> bool:
+        return self.weight is None
 
 
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
@@ -93,7 +112,16 @@ def find_layers(mod: tvm.IRModule) -> list[Layer]:
         kind = _CORE[b.value.op.name]
         name = onnx_names[index] if len(onnx_names) == len(cores) else f"{kind}_{index}"
         weight = constant(b.value.args[1], lookup)
-        if weight is None or weight.dtype != np.float32 or static_shape(b.value.args[0]) is None:
+        if static_shape(b.value.args[0]) is None:
+            continue
+        if weight is None:
+            operand = b.value.args[1]
+            if kind == "matmul" and isinstance(operand, relax.Var) and str(operand.ty.dtype) == "float32" \
+                    and static_shape(operand) is not None:
+                layers.append(Layer(name, kind, b.value, b.value.args[0], None, b.var, b.value, operand,
+                                    _known_range(b.value.args[0], lookup), _known_range(operand, lookup)))
+            continue
+        if weight.dtype != np.float32:
             continue
         if kind == "conv2d" and (str(b.value.attrs.data_layout) != "NCHW" or str(b.value.attrs.kernel_layout) != "OIHW"):
             continue
@@ -110,7 +138,8 @@ def find_layers(mod: tvm.IRModule) -> list[Layer]:
             if not (bias or (_is_op(value, _EPILOGUE) and value.args[0].same_as(out_var))):
                 break
             out_var, out_call = nxt.var, value
-        layers.append(Layer(name, kind, b.value, b.value.args[0], weight, out_var, out_call))
+        layers.append(Layer(name, kind, b.value, b.value.args[0], weight, out_var, out_call,
+                            x_range=_known_range(b.value.args[0], lookup)))
     return layers
 
 

@@ -10,6 +10,7 @@ SQNR against FP32 reaches the target (:func:`fallback`).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -23,8 +24,13 @@ from .observers import TensorStats, observed_range, qparams, qrange
 log = logging.getLogger("tvm_lowprec.ptq")
 
 
-def _activation_quant(stats: TensorStats, spec: QuantSpec) -> TensorQuant:
-    lo, hi = observed_range(spec.observer, stats.lo, stats.hi, stats.sample, spec.dtype, spec.symmetric)
+def _activation_quant(stats: TensorStats, spec: QuantSpec, known=None) -> TensorQuant:
+    """From the observer, or from ``known``, the range an operator guarantees (a softmax's [0, 1]):
+    calibration may not have seen its extremes, and clipping a held-out 0.99 to a calibrated 0.8 hurts."""
+    if known is not None:
+        lo, hi = known
+    else:
+        lo, hi = observed_range(spec.observer, stats.lo, stats.hi, stats.sample, spec.dtype, spec.symmetric)
     scale, zp = qparams(lo, hi, spec.dtype, spec.symmetric)
     return TensorQuant(np.asarray(scale, np.float32), np.asarray(zp, spec.dtype), spec.dtype)
 
@@ -66,8 +72,12 @@ def _check_config(config: QuantConfig, layers: list[Layer]) -> None:
                               f"activation zero point); use PerTensor")
 
 
-def _layer_keys(layer: Layer) -> tuple[str, str]:
-    return f"layer {layer.name!r} input", f"layer {layer.name!r} output"
+def _observed(layer: Layer) -> list[tuple[str, object]]:
+    """(what errors call it, var) of every tensor of ``layer`` that calibration observes."""
+    tensors = [(f"layer {layer.name!r} input", layer.x), (f"layer {layer.name!r} output", layer.output)]
+    if layer.runtime_weights:
+        tensors.append((f"layer {layer.name!r} second input", layer.b))
+    return tensors
 
 
 def plan_layers(layers, stats_by_var, config: QuantConfig, keep_fp32=()) -> list[LayerPlan]:
@@ -76,8 +86,10 @@ def plan_layers(layers, stats_by_var, config: QuantConfig, keep_fp32=()) -> list
         settings = config.for_layer(layer.name)
         if settings.skip or layer.name in keep_fp32:
             continue
-        plans.append(LayerPlan(layer, _activation_quant(stats_by_var[layer.x], settings.activations),
-                               _weight_quant(layer, settings.weights),
+        weight = (_activation_quant(stats_by_var[layer.b], settings.activations, layer.b_range)
+                  if layer.runtime_weights else _weight_quant(layer, settings.weights))
+        x = _activation_quant(stats_by_var[layer.x], settings.activations, layer.x_range)
+        plans.append(LayerPlan(layer, x, weight,
                                _activation_quant(stats_by_var[layer.output], settings.activations)))
     return plans
 
@@ -136,8 +148,39 @@ def relax_dataflow(mod):
     return relax.transform.ConvertToDataflow()(mod)
 
 
-def quantize(mod: tvm.IRModule, calibration_data, config: QuantConfig | None = None, *, validation_data=None,
-             target="native", progress: bool = True) -> tvm.IRModule:
+@dataclass
+class Observations:
+    """What calibration saw: the prepared FP32 module, its layers, statistics of every layer's input and
+    output, and the samples. Independent of the observer choice, so several configs can share one
+    (expensive) calibration run: ``quantize(mod, config=c, observations=obs)``."""
+
+    prepared: tvm.IRModule
+    layers: list[Layer]
+    stats_by_var: dict
+    samples: list
+
+
+def observe(mod: tvm.IRModule, calibration_data, *, target="native", progress: bool = True) -> Observations:
+    """Run the FP32 model (compiled by TVM) on ``calibration_data`` and observe every layer."""
+    from .calibrate import CalibrationError
+
+    samples = list(calibration_data)
+    prepared = prepare(mod)
+    layers = find_layers(prepared)
+    if not layers:
+        raise CalibrationError("nothing to quantize: no matmul or conv2d with constant weights")
+    tensors, keys_by_var = {}, {}
+    for layer in layers:
+        for key, var in _observed(layer):
+            if var not in keys_by_var:
+                keys_by_var[var] = key
+                tensors[key] = var
+    stats = calibrate(prepared, tensors, samples, progress=progress, target=target)
+    return Observations(prepared, layers, {var: stats[key] for var, key in keys_by_var.items()}, samples)
+
+
+def quantize(mod: tvm.IRModule, calibration_data=None, config: QuantConfig | None = None, *, observations=None,
+             validation_data=None, target="native", progress: bool = True) -> tvm.IRModule:
     """Post-training quantization of an FP32 Relax module (e.g. from :func:`tvm_lowprec.from_onnx`).
 
     Parameters
@@ -149,6 +192,8 @@ def quantize(mod: tvm.IRModule, calibration_data, config: QuantConfig | None = N
     config : QuantConfig, optional
         Defaults to ONNX Runtime ``quantize_static``'s: uint8 asymmetric per-tensor activations, int8
         symmetric per-channel weights, MinMax.
+    observations : Observations, optional
+        From :func:`observe`, instead of calibrating again (``calibration_data`` is then not needed).
     validation_data : iterable, optional
         Inputs for the ``target_sqnr`` fallback (default: the calibration data).
 
@@ -159,30 +204,24 @@ def quantize(mod: tvm.IRModule, calibration_data, config: QuantConfig | None = N
         ``lowprec.ptq_layers`` (each layer's name, op, output tensor and whether it is quantized),
         read by :func:`~tvm_lowprec.ptq.accuracy_report`.
     """
+    from .calibrate import CalibrationError
+
     config = config or QuantConfig()
-    samples = list(calibration_data)
-    prepared = prepare(mod)
-    layers = [layer for layer in find_layers(prepared) if layer.kind in config.operators]
+    if observations is None:
+        if calibration_data is None:
+            raise CalibrationError("quantize needs calibration_data or observations")
+        observations = observe(mod, calibration_data, target=target, progress=progress)
+    prepared = observations.prepared
+    layers = [layer for layer in observations.layers if layer.kind in config.operators]
     _check_config(config, layers)
     active = [layer for layer in layers if not config.for_layer(layer.name).skip]
     if not active:
-        from .calibrate import CalibrationError
-
-        what = "every layer is skipped by the config" if layers else "no matmul or conv2d with constant weights"
-        raise CalibrationError(f"nothing to quantize: {what}")
-    tensors, keys_by_var = {}, {}
-    for layer in active:
-        for key, var in zip(_layer_keys(layer), (layer.x, layer.output)):
-            if var not in keys_by_var:
-                keys_by_var[var] = key
-                tensors[key] = var
-    stats = calibrate(prepared, tensors, samples, progress=progress, target=target)
-    stats_by_var = {var: stats[key] for var, key in keys_by_var.items()}
-    plans = plan_layers(active, stats_by_var, config)
-    if config.target_sqnr is not None and plans:
+        raise CalibrationError("nothing to quantize: every layer is skipped by the config")
+    plans = plan_layers(active, observations.stats_by_var, config)
+    if config.target_sqnr is not None:
         names = model_inputs(mod)
-        feeds = [normalise_sample(s, names, i) for i, s in enumerate(samples if validation_data is None
-                                                                       else list(validation_data))]
+        data = observations.samples if validation_data is None else list(validation_data)
+        feeds = [normalise_sample(s, names, i) for i, s in enumerate(data)]
         plans, kept, reached = fallback(prepared, layers, plans, config.target_sqnr, feeds, target, progress)
         if kept:
             log.warning("kept %d layer(s) in FP32 to reach output SQNR %.1f dB (now %.2f dB): %s",
@@ -190,4 +229,4 @@ def quantize(mod: tvm.IRModule, calibration_data, config: QuantConfig | None = N
     return _with_layer_record(insert_qdq(prepared, plans), layers, plans)
 
 
-__all__ = ["fallback", "plan_layers", "quantize", "qrange"]
+__all__ = ["Observations", "fallback", "observe", "plan_layers", "quantize", "qrange"]

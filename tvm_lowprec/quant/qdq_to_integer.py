@@ -60,11 +60,11 @@ class QGemmMatch:
 
 
 def _bound(value) -> float | None:
-    if isinstance(value, relax.PrimValue):
-        value = value.value
-    if hasattr(value, "value"):
-        return float(value.value)
-    return None
+    """A clip bound (a FloatImm/IntImm in TVM 0.27's relax.clip) as a float."""
+    value = getattr(value, "value", None)
+    while value is not None and not isinstance(value, (int, float)):
+        value = getattr(value, "value", None)
+    return None if value is None else float(value)
 
 
 def _activation_bounds(expr, lookup):
