@@ -20,14 +20,9 @@ from .qgemm import Epilogue, requantize
 
 @dataclass(frozen=True)
 class DepthwiseProblem:
-    batch: int
-    channels: int
-    in_hw: tuple[int, int]
-    out_hw: tuple[int, int]
-    kernel: tuple[int, int]
-    strides: tuple[int, int]
-    padding: tuple[int, int, int, int]  # top, left, bottom, right
-    dilation: tuple[int, int]
+    """``geometry``: the convolution's shapes (a :class:`~tvm_lowprec.quant.patterns.ConvGeometry`)."""
+
+    geometry: object
     a_dtype: str
     epilogue: Epilogue
 
@@ -57,25 +52,26 @@ def depthwise_params(w_taps: np.ndarray, w_zero_point, x_zero_point: int, bias_i
 
 
 def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise"):
-    (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = p.out_hw, p.kernel, p.strides, p.dilation
-    top, left, bottom, right = p.padding
-    h_n, w_n = p.in_hw
-    c_n = p.channels
-    x = te.placeholder((p.batch, h_n, w_n, c_n), p.a_dtype, name="x")
+    g = p.geometry
+    (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = g.out_hw, g.kernel, g.strides, g.dilation
+    top, left, bottom, right = g.padding
+    h_n, w_n = g.in_hw
+    c_n, batch = g.channels, g.batch
+    x = te.placeholder((batch, h_n, w_n, c_n), p.a_dtype, name="x")
     wq = te.placeholder((kh_n * kw_n, c_n), "int16", name="w")
     corr = te.placeholder((c_n,), "int32", name="corr")
     source = x
-    if any(p.padding):
+    if any(g.padding):
         def pad(b, i, j, c):
             inside = tirx.all(i >= top, i < top + h_n, j >= left, j < left + w_n)
             value = x[b, tirx.max(tirx.min(i - top, h_n - 1), 0), tirx.max(tirx.min(j - left, w_n - 1), 0), c]
             return tirx.if_then_else(inside, value, tirx.const(pad_value, p.a_dtype))
 
-        source = te.compute((p.batch, h_n + top + bottom, w_n + left + right, c_n), pad, name="padded")
+        source = te.compute((batch, h_n + top + bottom, w_n + left + right, c_n), pad, name="padded")
     kh = te.reduce_axis((0, kh_n), name="kh")
     kw = te.reduce_axis((0, kw_n), name="kw")
     acc = te.compute(
-        (p.batch, oh_n, ow_n, c_n),
+        (batch, oh_n, ow_n, c_n),
         lambda b, oh, ow, c: te.sum(
             source[b, oh * sh + kh * dh, ow * sw + kw * dw, c].astype("int32") * wq[kh * kw_n + kw, c].astype("int32"),
             axis=[kh, kw],
@@ -98,5 +94,5 @@ def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise
         out = te.compute(acc.shape, requant, name="epilogue")
     func = te.create_prim_func([x, wq, corr, *params, out])
     attrs = {"lowprec.op": "qdepthwise", "op_pattern": 8, "lowprec.intrin": "none",
-             "lowprec.shape": [p.batch, oh_n, ow_n, c_n, kh_n, kw_n]}
+             "lowprec.shape": [batch, oh_n, ow_n, c_n, kh_n, kw_n]}
     return func.with_attr("global_symbol", name).with_attrs(attrs)

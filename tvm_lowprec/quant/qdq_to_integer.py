@@ -377,8 +377,7 @@ def emit_depthwise(builder, match: QGemmMatch) -> relax.Expr | None:
     if static_shape(match.x) != (g.batch, g.channels, *g.in_hw) or match.x_zero_point_expr is not None:
         return None
     a_dtype = dtype_of(match.x)
-    problem = DepthwiseProblem(g.batch, g.channels, g.in_hw, g.out_hw, g.kernel, g.strides, g.padding, g.dilation,
-                               a_dtype, match.epilogue)
+    problem = DepthwiseProblem(g, a_dtype, match.epilogue)
     name = f"qdepthwise_{a_dtype[0]}8_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}_s{g.strides[0]}"
     gvar = builder.add_func(build_depthwise(problem, match.x_zero_point, name), name)
     params = depthwise_params(match.weight.values, match.weight.zero_point, match.x_zero_point, match.bias_int,
