@@ -88,12 +88,16 @@ class AccuracyReport:
         import matplotlib.pyplot as plt
 
         rows = self.layers + self.outputs
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(rows) + 2), 4))
-        values = [min(r.sqnr_db, 99.0) for r in rows]
-        colors = ["tab:blue" if r.kind != "output" else "tab:orange" for r in rows]
-        colors = [c if r.quantized or r.kind == "output" else "tab:gray" for c, r in zip(colors, rows)]
-        ax.bar(range(len(rows)), values, color=colors)
-        ax.set_xticks(range(len(rows)), [r.name for r in rows], rotation=70, ha="right", fontsize=7)
+        finite = [r.sqnr_db for r in rows if np.isfinite(r.sqnr_db)]
+        top = (max(finite) if finite else 0.0) + 5.0
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.4 * len(rows) + 2), 4.5))
+        colors = ["tab:orange" if r.kind == "output" else "tab:blue" if r.quantized else "tab:gray" for r in rows]
+        bars = ax.bar(range(len(rows)), [r.sqnr_db if np.isfinite(r.sqnr_db) else top for r in rows], color=colors)
+        for bar, r in zip(bars, rows):
+            if not np.isfinite(r.sqnr_db):
+                ax.annotate("exact", (bar.get_x() + bar.get_width() / 2, top), ha="center", va="bottom", fontsize=7)
+        labels = [r.name if len(r.name) <= 28 else "…" + r.name[-27:] for r in rows]
+        ax.set_xticks(range(len(rows)), labels, rotation=70, ha="right", fontsize=7)
         ax.set_ylabel("SQNR vs FP32 (dB)")
         ax.set_title("Per-layer accuracy (grey: kept in FP32, orange: final outputs)")
         fig.tight_layout()
