@@ -355,18 +355,19 @@ def _skip_rows(name: str, threads: list[int], status: str, reason: str) -> list[
     return [_row(name, r, t, status=status, error=reason) for t in threads for r in RUNTIMES]
 
 
-def prepare_model(spec: ModelSpec, cache: Path) -> tuple[BuiltModel | None, str]:
+def prepare_model(spec: ModelSpec, cache: Path, reduce_range: bool = False) -> tuple[BuiltModel | None, str]:
     try:
-        return ensure_model(spec, cache), ""
+        return ensure_model(spec, cache, reduce_range=reduce_range), ""
     except ModelUnavailable as err:
         return None, f"model unavailable: {err}"
     except ort_errors() as err:
         return None, f"build/quantization failed: {error_text(err)}"
 
 
-def bench_model(spec: ModelSpec, threads: list[int], timing: Timing, cache: Path) -> ModelResult:
+def bench_model(spec: ModelSpec, threads: list[int], timing: Timing, cache: Path,
+                reduce_range: bool = False) -> ModelResult:
     result = ModelResult(spec.name, spec.description)
-    built, reason = prepare_model(spec, cache)
+    built, reason = prepare_model(spec, cache, reduce_range)
     if built is None:
         result.error, result.rows = reason, _skip_rows(spec.name, threads, "skipped", reason)
         return result
@@ -415,6 +416,7 @@ def run_metadata(args: argparse.Namespace, timing: Timing, load_start, git_start
         threads=args.threads,
         timing=asdict(timing),
         quick=args.quick,
+        reduce_range=args.reduce_range,
         tvm_lowprec={"version": tvm_lowprec.__version__, "path": str(LOWPREC_ROOT), "git": git},
         environment={k: os.environ.get(k) for k in ("TVM_THREAD_POOL_SPIN_COUNT", "OMP_WAIT_POLICY",
                                                     "TVM_NUM_THREADS", "OPENBLAS_CORETYPE")},
@@ -566,7 +568,8 @@ def _header(meta: dict) -> list[str]:
     cpu = meta["host"]["cpu"]
     flags = ", ".join(f for f, on in cpu["flags"].items() if on) or "none"
     return [
-        "# Reference models: tvm-lowprec INT8 vs ONNX Runtime and TVM FP32", "",
+        "# Reference models: tvm-lowprec INT8 vs ONNX Runtime and TVM FP32"
+        + (" (INT8 with 7-bit weights: reduce_range=True)" if meta.get("reduce_range") else ""), "",
         f"{meta['date']} · {cpu['model']} ({cpu['logical_cpus']} logical CPUs; {flags}) · "
         f"tvm-lowprec {meta['tvm_lowprec']['version']} @ {meta['tvm_lowprec']['git']} · TVM {versions['tvm']} · "
         f"ONNX Runtime {versions['onnxruntime']} · onnx {versions['onnx']} · numpy {versions['numpy']}", "",
@@ -609,11 +612,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="shorter timing (a smoke test)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="model cache folder (build.py's)")
+    parser.add_argument("--reduce-range", action="store_true",
+                        help="INT8 models with 7-bit weights (exact for ORT's and tvm-lowprec's vpmaddubsw kernels "
+                             "on CPUs without VNNI); default --out: benchmarks/results/models-reduce-range")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.reduce_range and args.out == DEFAULT_OUT:
+        args.out = DEFAULT_OUT.parent / "models-reduce-range"
     timing = QUICK_TIMING if args.quick else DEFAULT_TIMING
     if args.repeat is not None:
         if args.repeat < 1:
@@ -623,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         _log(f"{name}: {MODELS[name].description}")
-        results.append(bench_model(MODELS[name], args.threads, timing, args.cache))
+        results.append(bench_model(MODELS[name], args.threads, timing, args.cache, args.reduce_range))
     meta = run_metadata(args, timing, load_start, git_start)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv([row for r in results for row in r.rows], args.out / "results.csv", CSV_FIELDS)

@@ -125,16 +125,18 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _paths(cache: Path, name: str) -> tuple[Path, Path, Path]:
-    return cache / f"{name}.fp32.onnx", cache / f"{name}.int8.onnx", cache / f"{name}.json"
+def _paths(cache: Path, name: str, reduce_range: bool = False) -> tuple[Path, Path, Path]:
+    rr = ".rr" if reduce_range else ""  # the 7-bit-weight variant: its own INT8 file and manifest
+    return cache / f"{name}.fp32.onnx", cache / f"{name}.int8{rr}.onnx", cache / f"{name}{rr}.json"
 
 
-def build_model(spec: ModelSpec, cache: Path = DEFAULT_CACHE) -> BuiltModel:
-    """Make, preprocess and quantize ``spec`` into ``cache`` (overwriting). Raises ModelUnavailable."""
+def build_model(spec: ModelSpec, cache: Path = DEFAULT_CACHE, reduce_range: bool = False) -> BuiltModel:
+    """Make, preprocess and quantize ``spec`` into ``cache`` (overwriting). Raises ModelUnavailable.
+    ``reduce_range``: quantize with 7-bit weights (a separate INT8 file)."""
     cache.mkdir(parents=True, exist_ok=True)
-    fp32_path, int8_path, manifest_path = _paths(cache, spec.name)
+    fp32_path, int8_path, manifest_path = _paths(cache, spec.name, reduce_range)
     fp32 = preprocess(spec.make(cache), fp32_path)
-    int8 = quantize_qdq(fp32_path, int8_path, calibration_samples(spec))
+    int8 = quantize_qdq(fp32_path, int8_path, calibration_samples(spec), reduce_range=reduce_range)
     manifest = {
         "name": spec.name,
         "description": spec.description,
@@ -143,7 +145,7 @@ def build_model(spec: ModelSpec, cache: Path = DEFAULT_CACHE) -> BuiltModel:
         "output": spec.output,
         "seeds": {"model": MODEL_SEED, "calibration": CALIBRATION_SEED, "input": INPUT_SEED},
         "calibration_samples": CALIBRATION_SAMPLES,
-        "quantization": QUANT_SETTINGS,
+        "quantization": {**QUANT_SETTINGS, "reduce_range": reduce_range},
         "fp32": {"file": fp32_path.name, "sha256": _sha256(fp32_path), "ops": _op_counts(fp32)},
         "int8": {"file": int8_path.name, "sha256": _sha256(int8_path), "ops": _op_counts(int8)},
     }
@@ -151,12 +153,13 @@ def build_model(spec: ModelSpec, cache: Path = DEFAULT_CACHE) -> BuiltModel:
     return BuiltModel(spec, fp32_path, int8_path, manifest)
 
 
-def ensure_model(spec: ModelSpec, cache: Path = DEFAULT_CACHE, force: bool = False) -> BuiltModel:
+def ensure_model(spec: ModelSpec, cache: Path = DEFAULT_CACHE, force: bool = False,
+                 reduce_range: bool = False) -> BuiltModel:
     """The built model from ``cache``, building it when missing (or when ``force``)."""
-    fp32_path, int8_path, manifest_path = _paths(cache, spec.name)
+    fp32_path, int8_path, manifest_path = _paths(cache, spec.name, reduce_range)
     if not force and fp32_path.exists() and int8_path.exists() and manifest_path.exists():
         return BuiltModel(spec, fp32_path, int8_path, json.loads(manifest_path.read_text()))
-    return build_model(spec, cache)
+    return build_model(spec, cache, reduce_range)
 
 
 def parse_models(text: str) -> list[str]:

@@ -45,8 +45,10 @@ def preprocess(model: onnx.ModelProto, out_path: Path) -> onnx.ModelProto:
     return onnx.load(str(out_path))
 
 
-def quantize_qdq(fp32_path: Path, int8_path: Path, samples: list[Mapping[str, np.ndarray]]) -> onnx.ModelProto:
-    """Quantize ``fp32_path`` into ``int8_path`` with :data:`QUANT_SETTINGS`, calibrated on ``samples``."""
+def quantize_qdq(fp32_path: Path, int8_path: Path, samples: list[Mapping[str, np.ndarray]],
+                 reduce_range: bool = False) -> onnx.ModelProto:
+    """Quantize ``fp32_path`` into ``int8_path`` with :data:`QUANT_SETTINGS`, calibrated on ``samples``;
+    ``reduce_range=True``: 7-bit weights (ORT's setting for CPUs without VNNI, exact on ``vpmaddubsw``)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     quantize_static(
@@ -55,7 +57,7 @@ def quantize_qdq(fp32_path: Path, int8_path: Path, samples: list[Mapping[str, np
         SampleReader(samples),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
-        reduce_range=False,
+        reduce_range=reduce_range,
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
         calibrate_method=CalibrationMethod.MinMax,
