@@ -16,7 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .patterns import call_of, constant, dtype_of, first_call
+from .patterns import call_of, constant, dtype_of, first_call, mutate_relax_functions
 
 MOVEMENT_OPS = ("reshape", "permute_dims", "squeeze", "expand_dims", "flatten", "nn.max_pool2d")
 
@@ -54,8 +54,4 @@ class _Folder(relax.PyExprMutator):
 
 def fold_qdq_module(mod):
     """Apply the fold to every Relax function of ``mod``."""
-    folder = _Folder(mod)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            folder.builder_.update_func(gvar, folder.visit_expr(func))
-    return folder.builder_.get()
+    return mutate_relax_functions(mod, _Folder(mod))

@@ -237,3 +237,11 @@ def conv_geometry(conv) -> ConvGeometry | None:
         dilation=tuple(int(d) for d in attrs.dilation),
         groups=groups,
     )
+
+
+def mutate_relax_functions(mod, mutator):
+    """Run ``mutator`` (a PyExprMutator built on ``mod``) over every Relax function; the new module."""
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()

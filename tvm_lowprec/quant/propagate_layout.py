@@ -19,7 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .patterns import static_shape
+from .patterns import mutate_relax_functions, static_shape
 
 # One-input operators applied element by element (extra inputs, if any, are per-tensor or per-axis
 # parameters that do not depend on the layout).
@@ -175,8 +175,4 @@ class _Propagator(relax.PyExprMutator):
 
 def propagate_layout_module(mod):
     """Apply the pass to every Relax function of ``mod``."""
-    propagator = _Propagator(mod)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            propagator.builder_.update_func(gvar, propagator.visit_expr(func))
-    return propagator.builder_.get()
+    return mutate_relax_functions(mod, _Propagator(mod))
