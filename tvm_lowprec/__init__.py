@@ -7,6 +7,9 @@ The user API::
     c = tvm_lowprec.compile(mod, target="native")          # integer kernels, tensorized
     y, = c(x)                                              # numpy in, numpy out
     c.kernels()                                            # which kernel uses which intrinsic
+
+    qmod = tvm_lowprec.quantize(tvm_lowprec.from_onnx("model_fp32.onnx"), samples)   # FP32 -> QDQ
+    tvm_lowprec.accuracy_report(fp32_mod, qmod, held_out).table()                    # per-layer SQNR
 """
 
 from __future__ import annotations
@@ -106,13 +109,16 @@ __all__ = [
     "KernelInfo",
     "LowPrecError",
     "QGemmProblem",
+    "QuantConfig",
     "QuantizationParameterError",
     "TargetSpec",
     "UnsupportedOperatorError",
+    "accuracy_report",
     "compile",
     "from_onnx",
     "host_supports",
     "native_target",
+    "quantize",
     "registered_targets",
     "resolve_target",
 ]

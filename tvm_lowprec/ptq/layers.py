@@ -141,7 +141,3 @@ def find_layers(mod: tvm.IRModule) -> list[Layer]:
         layers.append(Layer(name, kind, b.value, b.value.args[0], weight, out_var, out_call,
                             x_range=_known_range(b.value.args[0], lookup)))
     return layers
-
-
-def layer_names(layers) -> list[str]:
-    return [layer.name for layer in layers]

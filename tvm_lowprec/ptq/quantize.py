@@ -19,7 +19,7 @@ from .calibrate import calibrate, normalise_sample, model_inputs
 from .config import ConfigError, PerChannel, PerGroup, PerTensor, QuantConfig, QuantSpec
 from .insert_qdq import LayerPlan, TensorQuant, insert_qdq
 from .layers import Layer, find_layers, prepare
-from .observers import TensorStats, observed_range, qparams, qrange
+from .observers import TensorStats, observed_range, qparams
 
 log = logging.getLogger("tvm_lowprec.ptq")
 
@@ -115,6 +115,13 @@ def _output_sqnr(mod, reference: list[list[np.ndarray]], feeds, target) -> float
     return float("inf") if err2 == 0 else float(10 * np.log10(max(ref2, 1e-300) / err2))
 
 
+def relax_dataflow(mod):
+    """``mod`` (plain bindings) with dataflow blocks again, as compile's fusion needs."""
+    from tvm import relax
+
+    return relax.transform.ConvertToDataflow()(mod)
+
+
 def fallback(prepared, layers, plans, target_sqnr: float, feeds, target, progress=True):
     """Keep layers in FP32, the most harmful first, until the output SQNR reaches ``target_sqnr``.
 
@@ -140,12 +147,6 @@ def fallback(prepared, layers, plans, target_sqnr: float, feeds, target, progres
         if current >= target_sqnr:
             break
     return [p for p in plans if p.layer.name not in kept], kept, current
-
-
-def relax_dataflow(mod):
-    from tvm import relax
-
-    return relax.transform.ConvertToDataflow()(mod)
 
 
 @dataclass
@@ -229,4 +230,4 @@ def quantize(mod: tvm.IRModule, calibration_data=None, config: QuantConfig | Non
     return _with_layer_record(insert_qdq(prepared, plans), layers, plans)
 
 
-__all__ = ["Observations", "fallback", "observe", "plan_layers", "quantize", "qrange"]
+__all__ = ["Observations", "fallback", "observe", "plan_layers", "quantize"]
