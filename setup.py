@@ -13,6 +13,7 @@ setup(
         "apache-tvm-ffi==0.1.14.post1",
         "numpy",
         "onnx>=1.16",
+        "psutil",  # MetaSchedule's local builder and runner pools
         "tqdm",
         "xgboost",
     ],

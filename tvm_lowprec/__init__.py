@@ -20,6 +20,7 @@ from .compiled import Compiled, InputSpec, KernelInfo
 from .errors import InputError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
 from .frontend.onnx import from_onnx
 from .ptq import QuantConfig, accuracy_report, quantize
+from .tune import tune
 from .kernels import Epilogue, QGemmProblem
 from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
 
@@ -54,8 +55,23 @@ def _warn_dynamic(inputs) -> None:
             )
 
 
+def _tuned_schedules(database, spec, num_threads):
+    if database is None:
+        return None
+    import warnings
+
+    from .tune.tuner import TuningDatabaseError, database_lookup
+
+    try:
+        return database_lookup(database, spec, num_threads)
+    except TuningDatabaseError as err:
+        warnings.warn(f"{err}; compiling with the default schedules", stacklevel=3)
+        return None
+
+
 def compile(  # noqa: A001
-    mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float", fast_math: bool = True
+    mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float", fast_math: bool = True,
+    database=None,
 ) -> Compiled:
     """Compile a (quantized) Relax module into integer kernels for ``target``.
 
@@ -74,6 +90,10 @@ def compile(  # noqa: A001
     fast_math : bool
         Polynomial exp/tanh/erf in the float operators (softmax, GELU, ...) for speed; relative
         error about 1e-6, below one quantization step. Integer kernels are unaffected.
+    database : str, path or MetaSchedule Database, optional
+        Tuning records (:func:`tvm_lowprec.tune`'s ``work_dir`` or its result): kernels with a record
+        use the tuned schedule, the others the default one. A database that cannot be read is
+        reported with a warning and ignored (the default schedules are used).
 
     Returns
     -------
@@ -95,8 +115,9 @@ def compile(  # noqa: A001
     tvm_target = spec.tvm_target(num_threads or 2)
     inputs = _input_specs(mod)
     _warn_dynamic(inputs)
+    tuned = _tuned_schedules(database, spec, num_threads)
     with tvm_target:
-        lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math))
+        lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math, tuned))
     executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
     return Compiled(executable, lowered, spec, inputs, num_threads=num_threads)
 
@@ -121,4 +142,5 @@ __all__ = [
     "quantize",
     "registered_targets",
     "resolve_target",
+    "tune",
 ]

@@ -23,8 +23,9 @@ from .quant.qdq_to_integer import rewrite_module
 from .schedule import schedule_func
 
 
-def schedule_module(spec):
-    """Apply the first accepting schedule rule to every unscheduled PrimFunc."""
+def schedule_module(spec, tuned=None):
+    """Apply the first accepting schedule rule to every unscheduled PrimFunc; ``tuned(func)``, when
+    given, is asked first (a tuning database's best schedule, or None)."""
 
     @tvm.ir.transform.module_pass(opt_level=0, name="lowprec.ScheduleFuncs")
     def _pass(mod, _ctx):
@@ -32,9 +33,12 @@ def schedule_module(spec):
         for gvar, func in mod.functions.items():
             if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs.get("tir.is_scheduled", False):
                 continue
-            sch = schedule_func(func, spec)
+            sch = tuned(func) if tuned is not None else None
+            from_database = sch is not None
+            sch = sch if from_database else schedule_func(func, spec)
             if sch is not None:
-                updates[gvar] = sch.mod["main"].with_attr("tir.is_scheduled", True)
+                scheduled = sch.mod["main"].with_attr("tir.is_scheduled", True)
+                updates[gvar] = scheduled.with_attr("lowprec.tuned", True) if from_database else scheduled
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
@@ -42,21 +46,22 @@ def schedule_module(spec):
     return _pass
 
 
-def high_level(mod, spec, requant_mode: str = "float", fast_math: bool = True):
+def high_level(mod, spec, requant_mode: str = "float", fast_math: bool = True, tuned=None):
     """Phases 1-3 (call inside the target's scope).
 
     Phase 1 runs as plain Python so that its errors (a zero scale, say) reach the caller unwrapped.
     ``fast_math`` replaces exp/tanh/erf with TVM's vectorizable polynomial forms (relative error
     about 1e-6; measured: a 128x256 softmax 2.3x faster, the quantized outputs unchanged).
     """
+    return schedule_module(spec, tuned)(fused_module(mod, spec, requant_mode, fast_math))
+
+
+def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True):
+    """Phases 1-2: the module whose PrimFuncs are the kernels to schedule (or to tune)."""
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
     mod = lookup_tables_module(mod)
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
-    return _legalize_and_schedule(spec)(mod)
-
-
-def _legalize_and_schedule(spec):
     return tvm.transform.Sequential(
         [
             relax.transform.DeadCodeElimination(),
@@ -66,9 +71,8 @@ def _legalize_and_schedule(spec):
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
             relax.transform.DeadCodeElimination(),
-            schedule_module(spec),
         ]
-    )
+    )(mod)
 
 
 def lowering_passes(target):
