@@ -95,3 +95,17 @@ def test_model_without_integer_kernels_has_no_tasks():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
     mod = tvm_lowprec.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert extract_tasks(mod, resolve_target("native")) == []
+
+
+def test_kernels_without_a_search_space_are_named(caplog, tmp_path):
+    """A depthwise convolution has an integer kernel but no tensorized space: tune says so by name."""
+    from models import qlinear_conv
+    from tvm_lowprec.tune import untunable_kernels
+
+    mod = tvm_lowprec.from_onnx(qlinear_conv((1, 8, 10, 10), 8, (3, 3), pads=(1, 1, 1, 1), group=8))
+    spec = resolve_target("native")
+    assert extract_tasks(mod, spec) == []
+    assert [n for n in untunable_kernels(mod, spec) if n.startswith("qdepthwise")]
+    with caplog.at_level("WARNING", logger="tvm_lowprec.tune"):
+        tvm_lowprec.tune(mod, "native", trials=1, work_dir=tmp_path / "db", progress=False)
+    assert "qdepthwise" in caplog.text and "no tensorized search space" in caplog.text

@@ -42,19 +42,30 @@ def tuning_target(spec, num_threads: int | None = None):
     return spec.tvm_target(num_threads or 2)
 
 
-def extract_tasks(mod, spec, requant_mode: str = "float", fast_math: bool = True) -> list[Task]:
-    """The distinct tunable kernels of ``mod`` (structurally equal kernels are one task)."""
+def _kernels(mod, spec, requant_mode, fast_math):
     from ..pipeline import fused_module
 
     with tuning_target(spec):
         fused = fused_module(mod, spec, requant_mode, fast_math)
+    return [(g.name_hint, f) for g, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+def untunable_kernels(mod, spec, requant_mode: str = "float", fast_math: bool = True) -> list[str]:
+    """Integer kernels of ``mod`` that no search space covers yet (batched GEMMs, depthwise and
+    im2col kernels): they keep their default schedules."""
+    return sorted(name for name, f in _kernels(mod, spec, requant_mode, fast_math)
+                  if f.attrs is not None and "lowprec.op" in f.attrs and not is_tunable(f))
+
+
+def extract_tasks(mod, spec, requant_mode: str = "float", fast_math: bool = True) -> list[Task]:
+    """The distinct tunable kernels of ``mod`` (structurally equal kernels are one task)."""
     tasks, seen = [], set()
-    for gvar, func in fused.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc) and is_tunable(func):
+    for name, func in _kernels(mod, spec, requant_mode, fast_math):
+        if is_tunable(func):
             key = tvm_ffi.structural_hash(func)
             if key not in seen:
                 seen.add(key)
-                tasks.append(Task(gvar.name_hint, func))
+                tasks.append(Task(name, func))
     return sorted(tasks, key=lambda t: t.name)
 
 
@@ -88,6 +99,10 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     target_ = tuning_target(spec, num_threads)
     database = open_database(work_dir)
     tasks = extract_tasks(mod, spec, requant_mode, fast_math)
+    skipped = untunable_kernels(mod, spec, requant_mode, fast_math)
+    if skipped:
+        log.warning("no tensorized search space for %d kernel(s), kept on their default schedules: %s",
+                    len(skipped), ", ".join(skipped))
     if not tasks:
         log.warning("no tunable integer kernel in the model (nothing tensorized to tune)")
         return database
