@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 from ..errors import LowPrecError
-from .layers import bindings
+from ..quant.patterns import bindings
 from .observers import TensorStats
 
 
@@ -67,12 +67,6 @@ def normalise_sample(sample, names: list[str], index: int) -> dict[str, np.ndarr
             bad = int(np.sum(~np.isfinite(value)))
             raise CalibrationError(f"calibration sample {index}, input {name!r}: {bad} NaN/Inf value(s)")
     return feed
-
-
-def _flatten(value) -> list[np.ndarray]:
-    if isinstance(value, (list, tuple)):
-        return [a for v in value for a in _flatten(v)]
-    return [np.asarray(value)]
 
 
 def calibrate(mod: tvm.IRModule, tensors: dict[str, relax.Var], samples: Iterable, *, progress: bool = True,

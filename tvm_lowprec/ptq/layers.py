@@ -20,7 +20,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..quant.patterns import constant, static_shape
+from ..quant.patterns import bindings, constant, static_shape
 
 _CORE = {"relax.matmul": "matmul", "relax.nn.conv2d": "conv2d"}
 _EPILOGUE = ("relax.nn.relu", "relax.clip")
@@ -63,10 +63,6 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """Constants folded, dataflow blocks as plain binding blocks (every var can be returned)."""
     mod = relax.transform.FoldConstant()(mod)
     return relax.transform.ToNonDataflow()(mod)
-
-
-def bindings(func) -> list:
-    return [b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
 
 
 def _uses(func) -> dict:

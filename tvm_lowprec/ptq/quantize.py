@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+from tvm import relax
 
 from .calibrate import calibrate, normalise_sample, model_inputs
 from .config import ConfigError, PerChannel, PerGroup, PerTensor, QuantConfig, QuantSpec
@@ -106,20 +107,14 @@ def _with_layer_record(qmod, layers, plans):
 def _output_sqnr(mod, reference: list[list[np.ndarray]], feeds, target) -> float:
     import tvm_lowprec
 
+    from .report import _Accumulator
+
     compiled = tvm_lowprec.compile(mod, target=target)
-    ref2 = err2 = 0.0
+    acc = _Accumulator()
     for feed, ref in zip(feeds, reference):
         for r, q in zip(ref, compiled(feed)):
-            r, q = np.asarray(r, np.float64), np.asarray(q, np.float64)
-            ref2, err2 = ref2 + float(np.sum(r * r)), err2 + float(np.sum((q - r) ** 2))
-    return float("inf") if err2 == 0 else float(10 * np.log10(max(ref2, 1e-300) / err2))
-
-
-def relax_dataflow(mod):
-    """``mod`` (plain bindings) with dataflow blocks again, as compile's fusion needs."""
-    from tvm import relax
-
-    return relax.transform.ConvertToDataflow()(mod)
+            acc.add(r, q)
+    return acc.sqnr_db
 
 
 def fallback(prepared, layers, plans, target_sqnr: float, feeds, target, progress=True):
@@ -130,7 +125,7 @@ def fallback(prepared, layers, plans, target_sqnr: float, feeds, target, progres
     import tvm_lowprec
     from tqdm.auto import tqdm
 
-    fp32 = tvm_lowprec.compile(relax_dataflow(prepared), target=target)
+    fp32 = tvm_lowprec.compile(relax.transform.ConvertToDataflow()(prepared), target=target)
     reference = [fp32(feed) for feed in feeds]
     current = _output_sqnr(insert_qdq(prepared, plans), reference, feeds, target)
     if current >= target_sqnr:

@@ -24,7 +24,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .patterns import dtype_of, static_shape
+from .patterns import bindings as function_bindings, dtype_of, static_shape
 
 ELEMENTWISE = frozenset(
     f"relax.{name}"
@@ -45,15 +45,6 @@ class _Chain:
     quantize: relax.Call  # the chain's final quantize (the binding to replace)
     leaf: relax.Var  # the one 8-bit input
     body: relax.Expr  # the chain rebuilt over a [256] parameter of the leaf's dtype
-
-
-def _bindings(func) -> dict:
-    table = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if isinstance(binding, relax.VarBinding):
-                table[binding.var] = binding.value
-    return table
 
 
 def _is_scalar_constant(expr) -> bool:
@@ -102,7 +93,7 @@ class _Declined(Exception):
 
 def find_chains(func) -> tuple[list[_Chain], dict]:
     """The replaceable chains of ``func`` and the [256] parameters they are rebuilt over."""
-    bindings = _bindings(func)
+    bindings = {b.var: b.value for b in function_bindings(func)}
     params = {dt: relax.Var(f"table_{dt}", relax.TensorType((256,), dt)) for dt in EIGHT_BIT}
     chains = []
     for value in bindings.values():

@@ -245,3 +245,8 @@ def mutate_relax_functions(mod, mutator):
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
     return mutator.builder_.get()
+
+
+def bindings(func) -> list:
+    """The var bindings of a Relax function's body, in order."""
+    return [b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]

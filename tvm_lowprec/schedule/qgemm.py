@@ -56,29 +56,39 @@ class QGemmRule:
     # Step 2. Tile, tensorize, fuse the epilogue.
     @staticmethod
     def _gemm(sch, mr, nr, kblock, intrin, lanes, kstep, batched):
-        block = sch.get_sblock("gemm")
-        loops = sch.get_loops(block)
-        batch, (m, n, k) = (loops[0] if batched else None), loops[-3:]
-        mo, mi = sch.split(m, [None, mr])
-        panel, g, lane = sch.split(n, [None, nr, lanes])
-        epi = sch.get_sblock("epilogue")
-        if kblock:
-            ko, kb, ki = sch.split(k, [None, kblock // kstep, kstep])
-            sch.reorder(panel, ko, mo, kb, mi, g, lane, ki)
-            sch.parallel(_with_batch(sch, batch, panel))
-            sch.decompose_reduction(block, ko)
-            _fuse_epilogue(sch, epi, panel)
-        else:
-            kb, ki = sch.split(k, [None, kstep])
-            sch.reorder(panel, mo, kb, mi, g, lane, ki)
-            sch.parallel(_with_batch(sch, batch, panel))
-            sch.decompose_reduction(block, kb)
-            _fuse_epilogue(sch, epi, mo)
-        sch.tensorize(lane, intrin)
-        sch.unroll(mi)
-        sch.unroll(g)
-        _vectorize_inner(sch, sch.get_sblock("gemm_init"), lanes)
-        _vectorize_inner(sch, epi, lanes)
+        tile_gemm(sch, mr, nr, [None, kblock // kstep] if kblock else None, intrin, lanes, kstep, batched)
+
+
+def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False):
+    """The GEMM loop nest: ``mr`` rows x ``nr`` vectors per tile (``mr`` an int or a sampled factor),
+    the lane loop tensorized with ``intrin``. ``k_blocks``: None keeps all of K inside a row tile
+    (epilogue fused per row tile); else the two factors ``[blocks, slices per block]`` of the
+    ``K / kstep`` slices (or a function of the schedule and that loop giving them: a search samples
+    them), a block loop between panel and row tiles (epilogue fused per panel)."""
+    block = sch.get_sblock("gemm")
+    loops = sch.get_loops(block)
+    batch, (m, n, k) = (loops[0] if batched else None), loops[-3:]
+    mo, mi = sch.split(m, [None, mr])
+    panel, g, lane = sch.split(n, [None, nr, lanes])
+    epi = sch.get_sblock("epilogue")
+    if k_blocks is not None:
+        slices, ki = sch.split(k, [None, kstep])
+        ko, kb = sch.split(slices, k_blocks(sch, slices) if callable(k_blocks) else k_blocks)
+        sch.reorder(panel, ko, mo, kb, mi, g, lane, ki)
+        sch.parallel(_with_batch(sch, batch, panel))
+        sch.decompose_reduction(block, ko)
+        _fuse_epilogue(sch, epi, panel)
+    else:
+        kb, ki = sch.split(k, [None, kstep])
+        sch.reorder(panel, mo, kb, mi, g, lane, ki)
+        sch.parallel(_with_batch(sch, batch, panel))
+        sch.decompose_reduction(block, kb)
+        _fuse_epilogue(sch, epi, mo)
+    sch.tensorize(lane, intrin)
+    sch.unroll(mi)
+    sch.unroll(g)
+    _vectorize_inner(sch, sch.get_sblock("gemm_init"), lanes)
+    _vectorize_inner(sch, epi, lanes)
 
 
 def _with_batch(sch, batch, panel):

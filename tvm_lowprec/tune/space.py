@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from tvm.s_tir import meta_schedule as ms
 
-from ..schedule.blocks import find_block
-from ..schedule.qgemm import QGemmRule, _vectorize_inner
+from ..schedule.qgemm import QGemmRule, tile_gemm
 
 MAX_ROWS = 8  # row-tile bound for the search (the tile tables go up to 6)
 MAX_K_SLICES = 512  # kstep slices per K block
@@ -34,31 +33,20 @@ def is_tunable(func) -> bool:
 
 
 def qgemm_space(sch) -> None:
-    """Schedule ``sch`` (a qgemm PrimFunc as ``main``) with sampled tile sizes (a MetaSchedule ScheduleFn)."""
+    """Schedule ``sch`` (a qgemm PrimFunc as ``main``) as the default rule does
+    (:func:`~tvm_lowprec.schedule.qgemm.tile_gemm`), with the row tile and K blocking sampled."""
     func = sch.mod["main"]
     _, nr, _ = (int(x) for x in func.attrs["lowprec.tile"])
     intrin = str(func.attrs["lowprec.intrin"])
     lanes, kstep = (int(x) for x in func.attrs["lowprec.vector"])
     QGemmRule._prepare_inputs(sch)
-    block = sch.get_sblock("gemm")
-    m, n, k = sch.get_loops(block)[-3:]
-    mo, mi = sch.split(m, sch.sample_perfect_tile(m, n=2, max_innermost_factor=MAX_ROWS))
-    panel, g, lane = sch.split(n, [None, nr, lanes])
-    slices, ki = sch.split(k, [None, kstep])
-    ko, kb = sch.split(slices, sch.sample_perfect_tile(slices, n=2, max_innermost_factor=MAX_K_SLICES))
-    sch.reorder(panel, ko, mo, kb, mi, g, lane, ki)
-    sch.parallel(panel)
-    sch.decompose_reduction(block, ko)
-    epilogue = sch.get_sblock("epilogue")
-    if find_block(sch, "rowsum") is None:
-        sch.reverse_compute_at(epilogue, panel)
-    else:
-        sch.parallel(sch.get_loops(epilogue)[0])
-    sch.tensorize(lane, intrin)
-    sch.unroll(mi)
-    sch.unroll(g)
-    _vectorize_inner(sch, sch.get_sblock("gemm_init"), lanes)
-    _vectorize_inner(sch, epilogue, lanes)
+    m = sch.get_loops(sch.get_sblock("gemm"))[-3]
+    mr = sch.sample_perfect_tile(m, n=2, max_innermost_factor=MAX_ROWS)[1]
+
+    def k_blocks(sch, slices):
+        return sch.sample_perfect_tile(slices, n=2, max_innermost_factor=MAX_K_SLICES)
+
+    tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep)
 
 
 def space_generator():

@@ -50,17 +50,18 @@ def _kernels(mod, spec, requant_mode, fast_math):
     return [(g.name_hint, f) for g, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
-def untunable_kernels(mod, spec, requant_mode: str = "float", fast_math: bool = True) -> list[str]:
+def untunable_kernels(mod, spec, requant_mode: str = "float", fast_math: bool = True, kernels=None) -> list[str]:
     """Integer kernels of ``mod`` that no search space covers yet (batched GEMMs, depthwise and
-    im2col kernels): they keep their default schedules."""
-    return sorted(name for name, f in _kernels(mod, spec, requant_mode, fast_math)
-                  if f.attrs is not None and "lowprec.op" in f.attrs and not is_tunable(f))
+    im2col kernels): they keep their default schedules. ``kernels``: already made by :func:`_kernels`."""
+    kernels = kernels if kernels is not None else _kernels(mod, spec, requant_mode, fast_math)
+    return sorted(name for name, f in kernels if f.attrs is not None and "lowprec.op" in f.attrs and not is_tunable(f))
 
 
-def extract_tasks(mod, spec, requant_mode: str = "float", fast_math: bool = True) -> list[Task]:
+def extract_tasks(mod, spec, requant_mode: str = "float", fast_math: bool = True, kernels=None) -> list[Task]:
     """The distinct tunable kernels of ``mod`` (structurally equal kernels are one task)."""
     tasks, seen = [], set()
-    for name, func in _kernels(mod, spec, requant_mode, fast_math):
+    kernels = kernels if kernels is not None else _kernels(mod, spec, requant_mode, fast_math)
+    for name, func in kernels:
         if is_tunable(func):
             key = tvm_ffi.structural_hash(func)
             if key not in seen:
@@ -98,8 +99,9 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     spec = resolve_target(target)
     target_ = tuning_target(spec, num_threads)
     database = open_database(work_dir)
-    tasks = extract_tasks(mod, spec, requant_mode, fast_math)
-    skipped = untunable_kernels(mod, spec, requant_mode, fast_math)
+    kernels = _kernels(mod, spec, requant_mode, fast_math)  # the passes run once for both lists
+    tasks = extract_tasks(mod, spec, kernels=kernels)
+    skipped = untunable_kernels(mod, spec, kernels=kernels)
     if skipped:
         log.warning("no tensorized search space for %d kernel(s), kept on their default schedules: %s",
                     len(skipped), ", ".join(skipped))
