@@ -4,8 +4,10 @@ setup(
     name="tvm-lowprec",
     version="0.1.0",
     description="Quantized ONNX models on low-precision CPU instructions (VNNI, AVX2) through Apache TVM",
-    packages=find_packages(include=["tvm_lowprec", "tvm_lowprec.*"]),
-    package_data={"tvm_lowprec": ["data/*.onnx"]},
+    packages=find_packages(include=["tvm_lowprec", "tvm_lowprec.*"]) + ["tvm_lowprec.schedules"],
+    # schedules/ (tuning records shipped per target row) is installed as tvm_lowprec/schedules/
+    package_dir={"tvm_lowprec.schedules": "schedules"},
+    package_data={"tvm_lowprec": ["data/*.onnx"], "tvm_lowprec.schedules": ["README.md", "*/*.json"]},
     python_requires=">=3.10",
     install_requires=[
         # pinned together: with apache-tvm-ffi 0.1.15.x every Schedule.tensorize segfaults
@@ -18,10 +20,9 @@ setup(
         "xgboost",
     ],
     extras_require={
-        "test": ["pytest", "onnxruntime>=1.18", "matplotlib"],
+        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "tornado"],  # tornado: TVM's RPC tracker
+        "rpc": ["tornado"],
         "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl"],
     },
-    # schedules/ is data (tuning records), shipped beside the package
-    data_files=[("share/tvm-lowprec/schedules", ["schedules/README.md"])],
     entry_points={"console_scripts": ["tvm-lowprec=tvm_lowprec.cli:main"]},
 )

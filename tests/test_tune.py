@@ -2,19 +2,31 @@
 intrinsic and always builds, tuned records are applied by compile and stay exact, a second run
 resumes from the database, and an unreadable database never breaks a compile."""
 
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from onnx.reference import ReferenceEvaluator
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 import tvm_lowprec
+from tvm_lowprec.schedule.qgemm import QGemmRule
 from tvm_lowprec.targets import registered_targets, resolve_target
-from tvm_lowprec.tune import extract_tasks, qgemm_space
+from tvm_lowprec.tune import TuningError, default_schedule, extract_tasks, open_database, qgemm_space
+from tvm_lowprec.tune.space import MAX_ROWS
 
 from conftest import runnable
 from models import qlinear_matmul
+
+TESTS = Path(__file__).resolve().parent
 
 MODEL = dict(m=48, k=128, n=64)
 
@@ -33,45 +45,194 @@ def _reference(model, x):
 
 @pytest.mark.parametrize("name", sorted(registered_targets()))
 def test_every_sampled_candidate_keeps_the_intrinsic_and_builds(name):
-    """Ten random draws of the design space per target row: each tensorizes with the row's intrinsic
-    and builds (exactness of a tuned kernel: the end-to-end test below)."""
+    """Random draws of both design spaces (K whole, K blocked) per target row: each tensorizes with
+    the row's intrinsic and builds (exactness of a tuned kernel: the end-to-end test below)."""
     spec = resolve_target(name)
     (task,) = extract_tasks(tvm_lowprec.from_onnx(_model()), spec)
     intrin = str(task.func.attrs["lowprec.intrin"])
-    for seed in range(1, 11):
-        sch = Schedule(_normalize_mod(task.func), seed=seed)
-        qgemm_space(sch)
-        assert intrin in str(sch.trace)
-        tvm.compile(sch.mod, target=spec.tvm_target(1))
+    for seed in range(1, 6):
+        for k_blocked in (False, True):
+            sch = Schedule(_normalize_mod(task.func), seed=seed)
+            qgemm_space(sch, k_blocked)
+            assert intrin in str(sch.trace)
+            tvm.compile(sch.mod, target=spec.tvm_target(1))
 
 
-@pytest.mark.skipif(not runnable(resolve_target("native")), reason="needs a host that runs the native row")
-def test_tune_then_compile_with_the_records(tmp_path, rng):
+@pytest.mark.parametrize("name", sorted(registered_targets()))
+@pytest.mark.parametrize("shape", [(48, 128, 64), (256, 512, 512), (3136, 576, 64)])
+def test_default_schedule_is_a_point_of_the_space(name, shape):
+    """The default rule's schedule is the space's trace with the rule's tile as decisions (the tuner
+    measures it first), and the trace replays with every row tile the search may pick (a loop count
+    that depended on the tile would make mutated candidates fail to replay)."""
+    spec = resolve_target(name)
+    (task,) = extract_tasks(tvm_lowprec.from_onnx(qlinear_matmul(*shape)), spec)
+    func = _normalize_mod(task.func)["main"]
+    default = default_schedule(func)
+    assert tvm_ffi.structural_equal(default.mod, QGemmRule().apply(func, spec).mod)
+    for k_blocked in (False, True):
+        base = Schedule(func)
+        qgemm_space(base, k_blocked)
+        row_sample = next(i for i in base.trace.insts if i.kind.name == "SamplePerfectTile")
+        rows = int(np.prod([int(d) for d in base.trace.decisions[row_sample]]))
+        for mr in [d for d in range(1, MAX_ROWS + 1) if rows % d == 0]:
+            trace = base.trace.with_decision(row_sample, [rows // mr, mr], remove_postproc=True)
+            trace.apply_to_schedule(Schedule(func), remove_postproc=True)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """One 2-trial tuning run (the default schedule, then one searched candidate), shared."""
+    if not runnable(resolve_target("native")):
+        pytest.skip("needs a host that runs the native row")
+    work = tmp_path_factory.mktemp("tuned") / "db"
+    return tvm_lowprec.tune(tvm_lowprec.from_onnx(_model()), "native", trials=2, work_dir=work, progress=False)
+
+
+def _schedules(compiled):
+    return [k.schedule for k in compiled.kernels() if k.op == "qgemm"]
+
+
+def test_tune_then_compile_with_the_records(tuned, rng):
     model = _model()
     mod = tvm_lowprec.from_onnx(model)
-    work = tmp_path / "db"
-    database = tvm_lowprec.tune(mod, "native", trials=2, work_dir=work, progress=False)
-    records = database.get_all_tuning_records()
-    assert len(records) == 2
+    records = tuned.database.get_all_tuning_records()
+    assert len(records) == 2 and tuned.measured == 2
     assert all(float(r.run_secs[0]) < 1.0 for r in records)  # every candidate built and ran (failures: 1e10)
-    compiled = tvm_lowprec.compile(mod, "native", database=work)
-    tuned = [f for _, f in compiled._lowered.functions.items()
-             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("lowprec.op", None) == "qgemm"]
-    assert len(tuned) == 1 and bool(tuned[0].attrs.get("lowprec.tuned", False))
+    (row,) = tuned.tasks
+    assert row.failed == 0 and row.trials == 2
+    assert row.default_us is not None and row.best_us <= row.default_us  # the default was measured first
+    assert "| qgemm_" in tuned.table() and "trials/s" in tuned.table()
+    compiled = tvm_lowprec.compile(mod, "native", database=tuned.work_dir)
+    assert _schedules(compiled) == ["tuned"]
+    assert _schedules(tvm_lowprec.compile(mod, "native", database=False)) == ["default"]
     x = _x(rng)
     np.testing.assert_array_equal(compiled(x)[0], _reference(model, x))
     # a second run with the same folder finds the trials done: nothing new is measured
-    again = tvm_lowprec.tune(mod, "native", trials=2, work_dir=work, progress=False)
-    assert len(again.get_all_tuning_records()) == 2
+    again = tvm_lowprec.tune(mod, "native", trials=2, work_dir=tuned.work_dir, progress=False)
+    assert again.measured == 0 and len(again.database.get_all_tuning_records()) == 2
     # reopened from its files, the database gives the same best schedule
-    from tvm_lowprec.tune import open_database
-
-    reopened = open_database(work)
+    reopened = open_database(tuned.work_dir)
     (task,) = extract_tasks(mod, resolve_target("native"))
     target = resolve_target("native").tvm_target(2)
-    best = [database.query_tuning_record(_normalize_mod(task.func), target, "main"),
-            reopened.query_tuning_record(_normalize_mod(task.func), target, "main")]
+    best = [db.query_tuning_record(_normalize_mod(task.func), target, "main") for db in (tuned.database, reopened)]
     assert str(best[0].trace) == str(best[1].trace)
+
+
+def test_shipped_records_are_used_when_the_target_matches(tuned, tmp_path, monkeypatch, rng):
+    """Records under schedules/<row>/ apply without database=...; database=False turns them off."""
+    from tvm_lowprec.tune import tuner
+
+    row = resolve_target("native").name
+    shutil.copytree(tuned.work_dir, tmp_path / row, ignore=shutil.ignore_patterns("logs"))
+    monkeypatch.setattr(tuner, "SCHEDULE_DIRS", (tmp_path,))
+    tuner._shipped.cache_clear()
+    model = _model()
+    mod = tvm_lowprec.from_onnx(model)
+    try:
+        assert _schedules(tvm_lowprec.compile(mod, "native")) == ["tuned"]
+        assert _schedules(tvm_lowprec.compile(mod, "native", database=False)) == ["default"]
+        other = tvm_lowprec.from_onnx(qlinear_matmul(32, 64, 32))  # no record: the default rule
+        assert _schedules(tvm_lowprec.compile(other, "native")) == ["default"]
+    finally:
+        tuner._shipped.cache_clear()
+
+
+@pytest.mark.skipif(not runnable(resolve_target("native")), reason="needs a host that runs the native row")
+def test_interrupted_run_resumes(tmp_path):
+    """A tuning process killed after its first record keeps it; the next run measures only the rest."""
+    work = tmp_path / "db"
+    script = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import tvm_lowprec; from models import qlinear_matmul\n"
+              f"tvm_lowprec.tune(tvm_lowprec.from_onnx(qlinear_matmul(**{MODEL!r})), 'native', trials=64, "
+              f"work_dir={str(work)!r}, progress=False)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = work / "database_tuning_record.json"
+    try:
+        deadline = time.time() + 300
+        while not (records.exists() and records.read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.time() < deadline, "the tuning process ended without a record"
+            time.sleep(0.5)
+    finally:
+        proc.kill()
+        proc.wait()
+    kept = records.read_text().count("\n")
+    assert 1 <= kept < 64
+    result = tvm_lowprec.tune(tvm_lowprec.from_onnx(_model()), "native", trials=kept + 1, work_dir=work,
+                              progress=False)
+    assert result.measured == 1 and result.tasks[0].trials == kept + 1
+    assert result.tasks[0].default_us is not None  # the killed run's first record: the default schedule
+
+
+@pytest.fixture(scope="module")
+def rpc_tracker():
+    """A TVM RPC tracker and one server (key ``lowprec-test``) on the loopback interface."""
+    pytest.importorskip("tornado")
+    from tvm.rpc.server import Server
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker("127.0.0.1", port=9190, port_end=9290, silent=True)
+    server = Server("127.0.0.1", port=9300, port_end=9400, key="lowprec-test",
+                    tracker_addr=("127.0.0.1", tracker.port), silent=True)
+    address = f"127.0.0.1:{tracker.port}"
+    deadline = time.time() + 60
+    while "lowprec-test" not in tvm.rpc.connect_tracker("127.0.0.1", tracker.port).summary()["queue_info"]:
+        assert time.time() < deadline, "the RPC server did not register with the tracker"
+        time.sleep(0.2)
+    yield address
+    server.terminate()
+    tracker.terminate()
+
+
+@pytest.mark.skipif(not runnable(resolve_target("native")), reason="needs a host that runs the native row")
+def test_tune_over_rpc_on_loopback(rpc_tracker, tmp_path, rng):
+    model = _model()
+    mod = tvm_lowprec.from_onnx(model)
+    result = tvm_lowprec.tune(mod, "native", trials=2, work_dir=tmp_path / "db", rpc_tracker=rpc_tracker,
+                              rpc_key="lowprec-test", progress=False)
+    assert result.remote == f"lowprec-test@{rpc_tracker}"
+    assert result.measured == 2 and result.tasks[0].failed == 0
+    assert all(float(r.run_secs[0]) < 1.0 for r in result.database.get_all_tuning_records())
+    compiled = tvm_lowprec.compile(mod, "native", database=result)
+    x = _x(rng)
+    np.testing.assert_array_equal(compiled(x)[0], _reference(model, x))
+
+
+def test_rpc_errors_name_the_problem(rpc_tracker, tmp_path):
+    mod = tvm_lowprec.from_onnx(_model())
+    with pytest.raises(TuningError, match="no RPC server is registered under key 'other'.*lowprec-test"):
+        tvm_lowprec.tune(mod, "native", trials=1, work_dir=tmp_path, rpc_tracker=rpc_tracker, rpc_key="other")
+    with pytest.raises(TuningError, match="HOST:PORT"):
+        tvm_lowprec.tune(mod, "native", trials=1, work_dir=tmp_path, rpc_tracker="localhost", rpc_key="k")
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(TuningError, match=f"cannot reach the RPC tracker at 127.0.0.1:{port}"):
+        tvm_lowprec.tune(mod, "native", trials=1, work_dir=tmp_path, rpc_tracker=f"127.0.0.1:{port}", rpc_key="k")
+    with pytest.raises(TuningError, match="both rpc_tracker"):
+        tvm_lowprec.tune(mod, "native", trials=1, work_dir=tmp_path, rpc_key="k")
+
+
+def test_a_target_this_host_cannot_run_needs_a_remote_machine(tmp_path):
+    foreign = [s for s in registered_targets().values() if not runnable(s)]
+    if not foreign:
+        pytest.skip("this host runs every registered row")
+    with pytest.raises(TuningError, match=f"{foreign[0].name} does not run on this host.*rpc_tracker"):
+        tvm_lowprec.tune(tvm_lowprec.from_onnx(_model()), foreign[0].name, trials=1, work_dir=tmp_path)
+
+
+@pytest.mark.skipif(not runnable(resolve_target("native")), reason="needs a host that runs the native row")
+def test_cli_tune_then_run_with_the_records(tmp_path, capsys):
+    import onnx
+
+    from tvm_lowprec.cli import main
+
+    path = tmp_path / "model.onnx"
+    onnx.save(_model(), path)
+    assert main(["tune", str(path), "--trials", "1", "--work-dir", str(tmp_path / "db")]) == 0
+    out = capsys.readouterr().out
+    assert "| qgemm_u8_48x64x128" in out and "trials/s" in out and "--database" in out
+    assert main(["run", str(path), "--database", str(tmp_path / "db"), "--repeat", "2"]) == 0
+    assert "tuned" in capsys.readouterr().out
+    assert main(["tune", str(path), "--rpc-tracker", "nohost", "--rpc-key", "k", "--work-dir", str(tmp_path)]) == 2
 
 
 def test_unreadable_database_warns_and_compiles_with_defaults(tmp_path, rng):

@@ -56,17 +56,31 @@ def _warn_dynamic(inputs) -> None:
 
 
 def _tuned_schedules(database, spec, num_threads):
-    if database is None:
+    """The schedule lookup for ``compile``: ``database`` first, then the records shipped for the
+    target row (``database=False``: neither)."""
+    if database is False:
         return None
     import warnings
 
-    from .tune.tuner import TuningDatabaseError, database_lookup
+    from .tune.tuner import TuningDatabaseError, database_lookup, shipped_database
 
-    try:
-        return database_lookup(database, spec, num_threads)
-    except TuningDatabaseError as err:
-        warnings.warn(f"{err}; compiling with the default schedules", stacklevel=3)
+    lookups = []
+    for source in (database, shipped_database(spec)):
+        if source is None:
+            continue
+        try:
+            lookups.append(database_lookup(source, spec, num_threads))
+        except TuningDatabaseError as err:
+            warnings.warn(f"{err}; compiling with the default schedules", stacklevel=3)
+
+    def tuned(func):
+        for lookup in lookups:
+            sch = lookup(func)
+            if sch is not None:
+                return sch
         return None
+
+    return tuned if lookups else None
 
 
 def compile(  # noqa: A001
@@ -90,10 +104,11 @@ def compile(  # noqa: A001
     fast_math : bool
         Polynomial exp/tanh/erf in the float operators (softmax, GELU, ...) for speed; relative
         error about 1e-6, below one quantization step. Integer kernels are unaffected.
-    database : str, path or MetaSchedule Database, optional
+    database : str, path, TuningResult, MetaSchedule Database or False, optional
         Tuning records (:func:`tvm_lowprec.tune`'s ``work_dir`` or its result): kernels with a record
-        use the tuned schedule, the others the default one. A database that cannot be read is
-        reported with a warning and ignored (the default schedules are used).
+        use the tuned schedule. Kernels without one use the records shipped with tvm-lowprec for the
+        target row (``schedules/<row>/``), then the default rules; ``False`` uses the default rules
+        only. A database that cannot be read is reported with a warning and ignored.
 
     Returns
     -------

@@ -3,6 +3,9 @@
     tvm-lowprec run                    # the shipped demo model: compile, run, kernel table, vs ONNX Runtime
     tvm-lowprec run model.onnx --target x86-avx2 --threads 2
     tvm-lowprec targets                # the registered target rows and whether this host runs them
+    tvm-lowprec tune model.onnx --target native --trials 64 --work-dir tuning/
+    tvm-lowprec tune model.onnx --target x86-avx512-vnni --rpc-tracker host:9190 --rpc-key vnni
+    tvm-lowprec run model.onnx --database tuning/
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def cmd_run(args) -> int:
     mod = tvm_lowprec.from_onnx(path)
     _done(t0)
     t0 = _step(f"compiling for {args.target}")
-    compiled = tvm_lowprec.compile(mod, target=args.target, num_threads=args.threads)
+    compiled = tvm_lowprec.compile(mod, target=args.target, num_threads=args.threads, database=args.database)
     _done(t0)
     print(f"\ntarget: {compiled.spec.name} — {compiled.spec.description}\n")
     inputs = _random_inputs(compiled, args.seed)
@@ -110,6 +113,29 @@ def cmd_run(args) -> int:
         rows.append({"runtime": "onnxruntime", "ms": f"{t_ort * 1e3:.3f}", "tvm-lowprec speed-up": f"{t_ort / t_tvm:.2f}"})
     print(f"\nlatency, {args.threads} thread(s), median of {args.repeat} calls:")
     print(_table(rows))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    import logging
+
+    import tvm_lowprec
+    from tvm_lowprec.tune import TuningError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    t0 = _step(f"importing {args.model}")
+    mod = tvm_lowprec.from_onnx(args.model)
+    _done(t0)
+    try:
+        result = tvm_lowprec.tune(mod, args.target, trials=args.trials, work_dir=args.work_dir,
+                                  num_threads=args.threads, rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key)
+    except TuningError as err:
+        print(f"tvm-lowprec tune: {err}", file=sys.stderr)
+        return 2
+    print(result.table())
+    print(f"\nrecords: {result.work_dir}/ — use them with tvm_lowprec.compile(mod, {result.target!r}, "
+          f"database={str(result.work_dir)!r}) or tvm-lowprec run {args.model} --target {args.target} "
+          f"--database {result.work_dir}")
     return 0
 
 
@@ -134,7 +160,17 @@ def main(argv=None) -> int:
     run.add_argument("--threads", type=int, default=1)
     run.add_argument("--repeat", type=int, default=50, help="timed calls per runtime")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--database", help="tuning records (a `tvm-lowprec tune` work dir) to compile with")
     run.set_defaults(func=cmd_run)
+    tune = sub.add_parser("tune", help="tune a model's integer kernels with MetaSchedule; records in --work-dir")
+    tune.add_argument("model", help="ONNX file")
+    tune.add_argument("--target", default="native", help="a registered target name or 'native' (default)")
+    tune.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
+    tune.add_argument("--work-dir", default="tuning", help="the JSON database; a second run resumes from it")
+    tune.add_argument("--threads", type=int, default=None, help="threads the kernels are tuned for")
+    tune.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on machines registered with this tracker")
+    tune.add_argument("--rpc-key", help="the tracker key of the machines to measure on")
+    tune.set_defaults(func=cmd_tune)
     targets = sub.add_parser("targets", help="list the registered targets")
     targets.set_defaults(func=cmd_targets)
     args = parser.parse_args(argv)

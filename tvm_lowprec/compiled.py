@@ -17,15 +17,18 @@ _POOL_THREADS = None  # what TVM's runtime pool was last configured to by a Comp
 
 @dataclass(frozen=True)
 class KernelInfo:
-    """One generated kernel: its name, the operator it implements, its intrinsic, its shape."""
+    """One generated kernel: its name, the operator it implements, its intrinsic, its shape, and
+    whether its schedule came from tuning records (``"tuned"``) or the default rules."""
 
     name: str
     op: str
     intrinsic: str
     shape: tuple
+    schedule: str = "default"
 
     def as_row(self) -> dict:
-        return {"name": self.name, "op": self.op, "intrinsic": self.intrinsic, "shape": "x".join(map(str, self.shape))}
+        return {"name": self.name, "op": self.op, "intrinsic": self.intrinsic, "shape": "x".join(map(str, self.shape)),
+                "schedule": self.schedule}
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ def _describe(gvar, func) -> KernelInfo:
         str(op) if op is not None else gvar.name_hint.rstrip("0123456789_"),
         str(intrinsic) if intrinsic is not None else "none",
         tuple(int(s) if hasattr(s, "value") or isinstance(s, int) else str(s) for s in shape),
+        "tuned" if bool(attrs.get("lowprec.tuned", False)) else "default",
     )
 
 

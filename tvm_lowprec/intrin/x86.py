@@ -20,6 +20,7 @@ from tvm import tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
+from .._tvmscript import cheap_frame_inspection
 from ..hwspec import AOperand, GemmIntrin
 
 _SIGN_FLIP = -2139062144  # 0x80808080 as int32: flips the sign bit of each of 4 packed bytes
@@ -154,19 +155,21 @@ def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features
     return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features, weight_pair_bound=128)
 
 
-# One row per instruction shape. Names are what TargetSpec rows and Compiled.kernels() show.
-VNNI_512 = _vnni_row("vpdpbusd_zmm", 16, "llvm.x86.avx512.vpdpbusd.512", ("avx512f", "avx512bw", "avx512vnni"))
-# 256-bit vpdpbusd: LLVM selects the VEX (AVX-VNNI) encoding when AVX-512VL is absent.
-VNNI_256 = _vnni_row("vpdpbusd_ymm", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx2", "avxvnni"))
-PMADDWD_512 = _pmaddwd_row("vpmaddwd_zmm", 16, "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw"))
-PMADDWD_256 = _pmaddwd_row("vpmaddwd_ymm", 8, "llvm.x86.avx2.pmadd.wd", ("avx2",))
+# TVMScript parses 24 prim_funcs here: without the cheap frame inspection that costs seconds.
+with cheap_frame_inspection():
+    # One row per instruction shape. Names are what TargetSpec rows and Compiled.kernels() show.
+    VNNI_512 = _vnni_row("vpdpbusd_zmm", 16, "llvm.x86.avx512.vpdpbusd.512", ("avx512f", "avx512bw", "avx512vnni"))
+    # 256-bit vpdpbusd: LLVM selects the VEX (AVX-VNNI) encoding when AVX-512VL is absent.
+    VNNI_256 = _vnni_row("vpdpbusd_ymm", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx2", "avxvnni"))
+    PMADDWD_512 = _pmaddwd_row("vpmaddwd_zmm", 16, "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw"))
+    PMADDWD_256 = _pmaddwd_row("vpmaddwd_ymm", 8, "llvm.x86.avx2.pmadd.wd", ("avx2",))
 
-# vpmaddubsw sums two u8 x s8 products in int16: twice vpmaddwd's density, exact only for weights
-# whose pairs stay within 128 (7-bit weights always do: ONNX Runtime's reduce_range=True).
-PMADDUBSW_512 = _pmaddubsw_row(
-    "vpmaddubsw_zmm", 16, "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw")
-)
-PMADDUBSW_256 = _pmaddubsw_row("vpmaddubsw_ymm", 8, "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd", ("avx2",))
+    # vpmaddubsw sums two u8 x s8 products in int16: twice vpmaddwd's density, exact only for weights
+    # whose pairs stay within 128 (7-bit weights always do: ONNX Runtime's reduce_range=True).
+    PMADDUBSW_512 = _pmaddubsw_row(
+        "vpmaddubsw_zmm", 16, "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw")
+    )
+    PMADDUBSW_256 = _pmaddubsw_row("vpmaddubsw_ymm", 8, "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd", ("avx2",))
 
 X86_INTRINSICS = {
     row.name: row for row in (VNNI_512, VNNI_256, PMADDWD_512, PMADDWD_256, PMADDUBSW_512, PMADDUBSW_256)

@@ -104,7 +104,9 @@ def _fuse_epilogue(sch, epi, loop):
     weights, the common case, have no such term).
     """
     if find_block(sch, "rowsum") is None:  # no row term: fuse
-        sch.reverse_compute_at(epi, loop)
+        # unit loops kept: the loop count must not depend on the tile (a search replays this trace
+        # with other row tiles, 1 included)
+        sch.reverse_compute_at(epi, loop, preserve_unit_loops=True)
         return
     sch.parallel(sch.get_loops(epi)[0])
 

@@ -1,7 +1,9 @@
 """MetaSchedule tuning of the integer kernels, with records ``compile(..., database=...)`` applies."""
 
-from .space import qgemm_space, space_generator
-from .tuner import Task, TuningDatabaseError, extract_tasks, open_database, tune, untunable_kernels
+from .space import default_schedule, qgemm_space, qgemm_spaces, space_generator
+from .tuner import (Task, TaskResult, TuningDatabaseError, TuningError, TuningResult, extract_tasks, open_database,
+                    rpc_runner, tune, untunable_kernels)
 
-__all__ = ["Task", "TuningDatabaseError", "extract_tasks", "open_database", "qgemm_space", "space_generator", "tune",
+__all__ = ["Task", "TaskResult", "TuningDatabaseError", "TuningError", "TuningResult", "default_schedule",
+           "extract_tasks", "open_database", "qgemm_space", "qgemm_spaces", "rpc_runner", "space_generator", "tune",
            "untunable_kernels"]

@@ -7,8 +7,13 @@ samples, is:
 
 - the row tile ``mr``: a factor of the padded M, at most :data:`MAX_ROWS` (the largest row tile of the
   target's tile tables, plus headroom: register spills are measured, not guessed);
-- the K blocking: how many ``kstep`` slices one pass over a B panel covers (all of K, or blocks that
-  keep a panel slice in L1 while every row tile passes over it).
+- the K loop: all of K inside a row tile (the epilogue fused per row tile), or K blocks that keep a
+  B panel slice in L1 while every row tile passes over it (the epilogue fused per panel); the two are
+  two design spaces, since a trace cannot branch, and the block size is sampled.
+
+The default schedule (:class:`~tvm_lowprec.schedule.qgemm.QGemmRule`) is one point of this space:
+:func:`default_trace` gives it, and the tuner measures it first, so a tuned kernel is never slower
+than the default one.
 
 Every candidate tensorizes its inner loop with the target's intrinsic in the schedule itself (no
 post-processor rewrites it, none adds loops around it), so every candidate builds: the failures
@@ -18,6 +23,8 @@ MetaSchedule's generic rules produce on TVM 0.27 (a vectorized loop around the t
 
 from __future__ import annotations
 
+
+from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
 from ..schedule.qgemm import QGemmRule, tile_gemm
@@ -32,26 +39,53 @@ def is_tunable(func) -> bool:
     return attrs is not None and attrs.get("lowprec.op", None) == "qgemm" and int(attrs.get("lowprec.batch", 0)) == 0
 
 
-def qgemm_space(sch) -> None:
+def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     """Schedule ``sch`` (a qgemm PrimFunc as ``main``) as the default rule does
-    (:func:`~tvm_lowprec.schedule.qgemm.tile_gemm`), with the row tile and K blocking sampled."""
+    (:func:`~tvm_lowprec.schedule.qgemm.tile_gemm`), the row tile sampled and, with ``k_blocked``,
+    the K blocks too. ``decisions``: the samples' values (``[[m / mr, mr], [blocks, slices]]``)
+    instead of random draws."""
     func = sch.mod["main"]
     _, nr, _ = (int(x) for x in func.attrs["lowprec.tile"])
     intrin = str(func.attrs["lowprec.intrin"])
     lanes, kstep = (int(x) for x in func.attrs["lowprec.vector"])
+    decisions = list(decisions or [None, None])
     QGemmRule._prepare_inputs(sch)
     m = sch.get_loops(sch.get_sblock("gemm"))[-3]
-    mr = sch.sample_perfect_tile(m, n=2, max_innermost_factor=MAX_ROWS)[1]
+    mr = sch.sample_perfect_tile(m, n=2, max_innermost_factor=MAX_ROWS, decision=decisions[0])[1]
 
     def k_blocks(sch, slices):
-        return sch.sample_perfect_tile(slices, n=2, max_innermost_factor=MAX_K_SLICES)
+        return sch.sample_perfect_tile(slices, n=2, max_innermost_factor=MAX_K_SLICES, decision=decisions[1])
 
-    tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep)
+    tile_gemm(sch, mr, nr, k_blocks if k_blocked else None, intrin, lanes, kstep)
+
+
+def qgemm_spaces(sch) -> list:
+    """Both design spaces: K whole inside the row tile, and K blocked."""
+    blocked = sch.copy()
+    qgemm_space(sch, k_blocked=False)
+    qgemm_space(blocked, k_blocked=True)
+    return [sch, blocked]
+
+
+def default_schedule(func):
+    """The default schedule as a point of the space (its trace carries the rule's row tile and K block
+    as the samples' decisions), or None where the rule's tile does not divide the loop."""
+    mr, _, kblock = (int(x) for x in func.attrs["lowprec.tile"])
+    _, kstep = (int(x) for x in func.attrs["lowprec.vector"])
+    probe = Schedule(func)  # reads the loop extents (the schedule below records only the space's steps)
+    rows, _, k = (int(probe.get(loop).extent) for loop in probe.get_loops(probe.get_sblock("gemm"))[-3:])
+    slices = k // kstep
+    if rows % mr or (kblock and slices % (kblock // kstep)):
+        return None
+    decisions = [[rows // mr, mr], [slices // (kblock // kstep), kblock // kstep] if kblock else None]
+    sch = Schedule(func)
+    qgemm_space(sch, k_blocked=kblock > 0, decisions=decisions)
+    return sch
 
 
 def space_generator():
     """The ScheduleFn space: our function only; no generic rules or post-processors; the tile-size
     mutator for the evolutionary search."""
     return ms.space_generator.ScheduleFn(
-        qgemm_space, sch_rules=[], postprocs=[], mutator_probs={ms.mutator.MutateTileSize(): 1.0}
+        qgemm_spaces, sch_rules=[], postprocs=[], mutator_probs={ms.mutator.MutateTileSize(): 1.0}
     )

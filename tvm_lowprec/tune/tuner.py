@@ -4,37 +4,118 @@ reads back.
 The tasks are the model's quantized GEMM kernels as :func:`tvm_lowprec.compile` would build them
 (same passes, same PrimFuncs), so a record's workload matches the kernel at compile time exactly.
 The search space is :mod:`.space` (the default schedule with sampled tile sizes), the cost model
-XGBoost, the search evolutionary. Records go to a MetaSchedule ``JSONDatabase`` in ``work_dir``; a
-second call with the same ``work_dir`` counts each kernel's existing records and only runs the
-trials still missing (an interrupted run resumes).
+XGBoost, the search evolutionary. Each kernel's first measurement is its default schedule, so the
+best record is never slower than what ``compile`` does without one.
+
+Records go to a MetaSchedule ``JSONDatabase`` in ``work_dir``; a second call with the same
+``work_dir`` counts each kernel's records and runs only the trials still missing (an interrupted run
+resumes). Candidates are measured on this host (``LocalRunner``) or on remote machines registered with
+a TVM RPC tracker (``rpc_tracker="host:port", rpc_key=...``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import shutil
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
 import tvm_ffi
+from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
+from .. import _tvmscript
 from ..errors import LowPrecError
-from ..targets import resolve_target
-from .space import is_tunable, space_generator
+from ..targets import host_supports, resolve_target
+from .space import default_schedule, is_tunable, space_generator
 
 log = logging.getLogger("tvm_lowprec.tune")
+
+FAILED = 1e9  # MetaSchedule records a failed build or run with run_secs of 1e10
 
 
 class TuningDatabaseError(LowPrecError, ValueError):
     """A tuning database that cannot be read (names the folder and the reason)."""
 
 
+class TuningError(LowPrecError, RuntimeError):
+    """Tuning cannot start: a target this host cannot run, an unreachable RPC tracker, an unknown key."""
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
     func: tvm.tirx.PrimFunc
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(int(x) for x in self.func.attrs["lowprec.shape"])
+
+    @property
+    def ops(self) -> int:
+        m, n, k = self.shape
+        return 2 * m * n * k
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One kernel after tuning: its records in the database (this run's and earlier ones)."""
+
+    name: str
+    shape: tuple[int, int, int]
+    intrinsic: str
+    trials: int  # records of this kernel, failed ones included
+    failed: int  # records whose build or run failed
+    default_us: float | None  # the default schedule's measured time (None: not measured)
+    best_us: float | None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.default_us / self.best_us if self.default_us and self.best_us else None
+
+    @property
+    def gops(self) -> float | None:
+        m, n, k = self.shape
+        return 2 * m * n * k / self.best_us / 1e3 if self.best_us else None
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    """What :func:`tune` did: the database (pass it, or ``work_dir``, to ``compile(database=...)``),
+    one row per kernel, the wall time and the candidates measured in this run."""
+
+    database: ms.database.JSONDatabase
+    work_dir: Path
+    target: str
+    tasks: tuple[TaskResult, ...]
+    untuned: tuple[str, ...]
+    seconds: float
+    measured: int
+    remote: str | None = None
+
+    @property
+    def trials_per_second(self) -> float:
+        return self.measured / self.seconds if self.seconds > 0 else 0.0
+
+    def table(self) -> str:
+        """Markdown: per kernel, records, failures, default and tuned time, speed-up, GOPS."""
+        head = "| kernel | M x N x K | trials | failed | default µs | tuned µs | speed-up | GOPS |\n|---|---|---|---|---|---|---|---|"
+        rows = [head]
+        for t in self.tasks:
+            fmt = lambda v, f: "—" if v is None else format(v, f)  # noqa: E731
+            rows.append(f"| {t.name} | {'x'.join(map(str, t.shape))} | {t.trials} | {t.failed} | {fmt(t.default_us, '.1f')} "
+                        f"| {fmt(t.best_us, '.1f')} | {fmt(t.speedup, '.2f')} | {fmt(t.gops, '.1f')} |")
+        where = f"on {self.remote}" if self.remote else "on this host"
+        rows.append(f"\n{self.measured} candidates measured {where} in {self.seconds:.0f} s "
+                    f"({self.trials_per_second:.3f} trials/s); target {self.target}.")
+        if self.untuned:
+            rows.append(f"Not tuned (no tensorized search space; default schedules): {', '.join(self.untuned)}.")
+        return "\n".join(rows)
 
 
 def tuning_target(spec, num_threads: int | None = None):
@@ -81,46 +162,135 @@ def open_database(work_dir) -> ms.database.JSONDatabase:
         raise TuningDatabaseError(f"tuning database in {path} cannot be read: {str(err).splitlines()[0]}") from err
 
 
-def records_of(database, func) -> int:
+def _records(database, func) -> list:
     mod = _normalize_mod(func)
     if not database.has_workload(mod):
-        return 0
-    return len(database.get_top_k(database.commit_workload(mod), 1 << 20))
+        return []
+    return list(database.get_top_k(database.commit_workload(mod), 1 << 20))
+
+
+def records_of(database, func) -> int:
+    return len(_records(database, func))
+
+
+def rpc_runner(tracker: str, key: str, timeout_sec: float = 60.0):
+    """MetaSchedule's RPC runner for the servers registered under ``key`` with the tracker at
+    ``tracker`` (``"host:port"``); :class:`TuningError` when the tracker cannot be reached or has no
+    server under that key."""
+    host, _, port = str(tracker).rpartition(":")
+    if not host or not port.isdigit():
+        raise TuningError(f"rpc tracker must be given as HOST:PORT, not {tracker!r}")
+    try:
+        summary = tvm.rpc.connect_tracker(host, int(port)).summary()
+    except Exception as err:  # noqa: BLE001 - socket and RPC errors alike
+        raise TuningError(f"cannot reach the RPC tracker at {tracker}: {str(err).splitlines()[0]}") from err
+    keys = sorted(summary.get("queue_info", {}))
+    if key not in keys:
+        raise TuningError(f"no RPC server is registered under key {key!r} with the tracker at {tracker} "
+                          f"(keys there: {', '.join(keys) or 'none'})")
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key,
+                                 session_timeout_sec=int(timeout_sec))
+    return ms.runner.RPCRunner(config, _evaluator())
+
+
+def _evaluator():
+    return ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=100, enable_cpu_cache_flush=False)
+
+
+def _builder(timeout_sec: float):
+    """One build worker (the VM has two cores; the runner needs them quiet). The worker imports TVM's
+    tensor intrinsics the cheap way (:mod:`tvm_lowprec._tvmscript`): MetaSchedule restarts the build
+    pool for every batch and would otherwise spend about 60 s per batch importing them."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[_tvmscript.__name__])  # the worker needs no tvm_lowprec
+    return ms.builder.LocalBuilder(max_workers=1, timeout_sec=timeout_sec,
+                                   initializer=_tvmscript.import_tensor_intrinsics)
+
+
+def _measure_default(task, target, database, builder, runner) -> None:
+    """Build and run the default schedule and commit it as the kernel's first record."""
+    sch = default_schedule(_normalize_mod(task.func)["main"])
+    if sch is None:
+        return
+    args_info = ms.arg_info.ArgInfo.from_prim_func(task.func)
+    (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
+    if built.error_msg:
+        run_secs = [1e10]
+        log.warning("%s: the default schedule failed to build: %s", task.name, built.error_msg.splitlines()[-1])
+    else:
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args_info)])
+        result = future.result()
+        run_secs = [float(s) for s in result.run_secs] if result.error_msg is None else [1e10]
+        shutil.rmtree(Path(built.artifact_path).parent, ignore_errors=True)
+    workload = database.commit_workload(_normalize_mod(task.func))
+    database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs, target, args_info))
+
+
+def _summary(database, task) -> TaskResult:
+    records = _records(database, task.func)
+    secs = [sum(float(s) for s in r.run_secs) / len(r.run_secs) for r in records]
+    good = [s for s in secs if s < FAILED]
+    sch = default_schedule(_normalize_mod(task.func)["main"])
+    default = str(sch.trace) if sch is not None else None
+    default_s = [s for r, s in zip(records, secs) if default is not None and str(r.trace) == default and s < FAILED]
+    return TaskResult(task.name, task.shape, str(task.func.attrs["lowprec.intrin"]), len(records),
+                      len(secs) - len(good), default_s[0] * 1e6 if default_s else None,
+                      min(good) * 1e6 if good else None)
 
 
 def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threads: int | None = None,
-         requant_mode: str = "float", fast_math: bool = True, builder_timeout: float = 120.0,
-         progress: bool = True) -> ms.database.JSONDatabase:
-    """Tune every integer kernel of ``mod`` for ``target``: ``trials`` measured candidates per kernel
-    (those already in ``work_dir`` count). Returns the database; pass it (or ``work_dir``) to
+         requant_mode: str = "float", fast_math: bool = True, rpc_tracker: str | None = None,
+         rpc_key: str | None = None, builder_timeout: float = 120.0, progress: bool = True) -> TuningResult:
+    """Tune every integer kernel of ``mod`` for ``target``: ``trials`` measured candidates per kernel,
+    the default schedule first (records already in ``work_dir`` count).
+
+    ``rpc_tracker="host:port"`` and ``rpc_key``: measure on the machines registered with that TVM RPC
+    tracker (``python -m tvm.exec.rpc_tracker``, ``python -m tvm.exec.rpc_server --tracker ... --key
+    ...``) instead of this host. Returns a :class:`TuningResult`; pass it (or ``work_dir``) to
     :func:`tvm_lowprec.compile` as ``database=``."""
     from tqdm.auto import tqdm
 
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, not {trials}")
+    if (rpc_tracker is None) != (rpc_key is None):
+        raise TuningError("remote tuning needs both rpc_tracker ('host:port') and rpc_key")
     spec = resolve_target(target)
+    if rpc_tracker is None and not host_supports(spec):
+        raise TuningError(f"target {spec.name} does not run on this host (it needs {', '.join(spec.features)}): "
+                          "measure on a machine that does, with rpc_tracker='host:port' and rpc_key=...")
+    start = time.perf_counter()
     target_ = tuning_target(spec, num_threads)
     database = open_database(work_dir)
     kernels = _kernels(mod, spec, requant_mode, fast_math)  # the passes run once for both lists
     tasks = extract_tasks(mod, spec, kernels=kernels)
-    skipped = untunable_kernels(mod, spec, kernels=kernels)
+    skipped = tuple(untunable_kernels(mod, spec, kernels=kernels))
     if skipped:
         log.warning("no tensorized search space for %d kernel(s), kept on their default schedules: %s",
                     len(skipped), ", ".join(skipped))
     if not tasks:
         log.warning("no tunable integer kernel in the model (nothing tensorized to tune)")
-        return database
-    for task in tqdm(tasks, desc="tuning", disable=not progress):
+    runner = rpc_runner(rpc_tracker, rpc_key) if rpc_tracker else ms.runner.LocalRunner(
+        timeout_sec=60, evaluator_config=_evaluator())
+    builder = _builder(builder_timeout)
+    _tvmscript.import_tensor_intrinsics()  # TuneContext imports them; cheaply here
+    before = sum(records_of(database, t.func) for t in tasks)
+    for task in tqdm(tasks, desc="tuning", disable=not progress or not tasks):
+        if records_of(database, task.func) == 0:
+            _measure_default(task, target_, database, builder, runner)
         remaining = trials - records_of(database, task.func)
         if remaining <= 0:
-            log.info("%s: %d records already, skipped", task.name, trials - remaining)
+            log.info("%s: %d trials recorded already", task.name, trials - remaining)
             continue
         ms.tune_tir(
             _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
-            max_trials_global=remaining, num_trials_per_iter=min(remaining, 8),
-            builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=builder_timeout),
-            runner=ms.runner.LocalRunner(timeout_sec=60), database=database, cost_model="xgb",
+            max_trials_global=remaining, num_trials_per_iter=min(remaining, 16),
+            builder=builder, runner=runner, database=database, cost_model="xgb",
             space=space_generator(), strategy=_search(trials), num_tuning_cores=1,
         )
-    return database
+    measured = sum(records_of(database, t.func) for t in tasks) - before
+    return TuningResult(database, Path(work_dir), spec.name, tuple(_summary(database, t) for t in tasks), skipped,
+                        time.perf_counter() - start, measured, remote=f"{rpc_key}@{rpc_tracker}" if rpc_tracker else None)
 
 
 def _search(trials: int):
@@ -131,21 +301,48 @@ def _search(trials: int):
     )
 
 
+def _as_database(database):
+    if isinstance(database, TuningResult):
+        return database.database
+    if isinstance(database, ms.database.Database):
+        return database
+    return open_database(database)
+
+
+SCHEDULE_DIRS = (Path(__file__).resolve().parents[1] / "schedules",   # installed: package data
+                 Path(__file__).resolve().parents[2] / "schedules")   # a source checkout: schedules/
+
+
+def shipped_database(spec):
+    """The tuning records shipped for ``spec``'s row (``schedules/<row>/``), or None."""
+    for root in SCHEDULE_DIRS:
+        if (root / spec.name / "database_tuning_record.json").is_file():
+            return _shipped(str(root / spec.name))
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(path: str):
+    return open_database(path)
+
+
 def database_lookup(database, spec, num_threads: int | None = None):
     """``tuned(func)`` for :func:`~tvm_lowprec.pipeline.schedule_module`: the database's best schedule
     of a tunable kernel, or None (then the default rules schedule it)."""
     if database is None:
         return None
-    if not isinstance(database, ms.database.Database):
-        database = open_database(database)
+    database = _as_database(database)
     target_ = tuning_target(spec, num_threads)
 
     def tuned(func):
         if not is_tunable(func):
             return None
-        sch = database.query_schedule(_normalize_mod(func), target_, "main")
-        if sch is None:
-            return None
+        mod = _normalize_mod(func)
+        record = database.query_tuning_record(mod, target_, "main")
+        if record is None or min(float(s) for s in record.run_secs) >= FAILED:
+            return None  # no record, or only failed ones
+        sch = Schedule(mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
         return sch
 
     return tuned

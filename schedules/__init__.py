@@ -1,0 +1,1 @@
+"""Tuning records shipped with tvm-lowprec: data, one MetaSchedule JSON database per target row."""
