@@ -122,7 +122,7 @@ def test_shipped_records_are_used_when_the_target_matches(tuned, tmp_path, monke
     """Records under schedules/<row>/ apply without database=...; database=False turns them off."""
     from tvm_lowprec.tune import tuner
 
-    row = resolve_target("native").name
+    row = resolve_target("native").row
     shutil.copytree(tuned.work_dir, tmp_path / row, ignore=shutil.ignore_patterns("logs"))
     monkeypatch.setattr(tuner, "SCHEDULE_DIRS", (tmp_path,))
     tuner._shipped.cache_clear()

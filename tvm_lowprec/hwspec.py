@@ -144,6 +144,12 @@ class TargetSpec:
     aliases: tuple[str, ...] = field(default=())
     # faster recipes tried before ``gemm``, each declining weights outside its pair bound
     bounded: tuple[GemmRecipe, ...] = ()
+    base: str = ""  # the registered row a derived spec (``native``) stands for
+
+    @property
+    def row(self) -> str:
+        """The registered row's name (shipped tuning records are kept per row)."""
+        return self.base or self.name
 
     def __post_init__(self):
         default = GemmRecipe(self.gemm, self.tiles)  # validates the tile table

@@ -69,6 +69,7 @@ def native_target() -> TargetSpec:
                 tiles=spec.tiles,
                 bounded=spec.bounded,
                 description=f"this host ({cpu}) via {spec.name}",
+                base=spec.name,
             )
     raise RuntimeError(
         "no registered target fits this CPU (need at least AVX2); host flags: "

@@ -39,6 +39,21 @@ def is_tunable(func) -> bool:
     return attrs is not None and attrs.get("lowprec.op", None) == "qgemm" and int(attrs.get("lowprec.batch", 0)) == 0
 
 
+_KEY_ATTRS = ("lowprec.shape", "lowprec.tile", "lowprec.vector", "lowprec.intrin", "lowprec.b_storage",
+              "lowprec.a_dtype", "lowprec.epilogue", "lowprec.batch")
+
+
+def schedule_key(func) -> str:
+    """What a schedule of this kernel depends on: shape, tile, intrinsic, storage dtypes, epilogue
+    kind and the blocks present. Kernels that differ only in their constants (zero points, clamp
+    bounds) share the key, so one tuning task and one record serve them all."""
+    attrs = func.attrs
+    parts = [f"{name}={attrs[name]}" for name in _KEY_ATTRS if name in attrs]
+    sch = Schedule(func)
+    parts.append("blocks=" + ",".join(sorted(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root")))))
+    return ";".join(parts)
+
+
 def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     """Schedule ``sch`` (a qgemm PrimFunc as ``main``) as the default rule does
     (:func:`~tvm_lowprec.schedule.qgemm.tile_gemm`), the row tile sampled and, with ``k_blocked``,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from .. import _tvmscript
 from ..errors import LowPrecError
 from ..targets import host_supports, resolve_target
-from .space import default_schedule, is_tunable, space_generator
+from .space import default_schedule, is_tunable, schedule_key, space_generator
 
 log = logging.getLogger("tvm_lowprec.tune")
 
@@ -49,8 +50,12 @@ class TuningError(LowPrecError, RuntimeError):
 
 @dataclass(frozen=True)
 class Task:
+    """One tuning task: a kernel, and the names of all the model's kernels that share its schedule
+    key (:func:`~.space.schedule_key`); its record serves them all."""
+
     name: str
     func: tvm.tirx.PrimFunc
+    kernels: tuple[str, ...] = ()
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -69,6 +74,7 @@ class TaskResult:
     name: str
     shape: tuple[int, int, int]
     intrinsic: str
+    kernels: int  # kernels of the model this task's record serves
     trials: int  # records of this kernel, failed ones included
     failed: int  # records whose build or run failed
     default_us: float | None  # the default schedule's measured time (None: not measured)
@@ -104,11 +110,12 @@ class TuningResult:
 
     def table(self) -> str:
         """Markdown: per kernel, records, failures, default and tuned time, speed-up, GOPS."""
-        head = "| kernel | M x N x K | trials | failed | default µs | tuned µs | speed-up | GOPS |\n|---|---|---|---|---|---|---|---|"
+        head = ("| kernel | M x N x K | kernels | trials | failed | default µs | tuned µs | speed-up | GOPS |\n"
+                "|---|---|---|---|---|---|---|---|---|")
         rows = [head]
         for t in self.tasks:
             fmt = lambda v, f: "—" if v is None else format(v, f)  # noqa: E731
-            rows.append(f"| {t.name} | {'x'.join(map(str, t.shape))} | {t.trials} | {t.failed} | {fmt(t.default_us, '.1f')} "
+            rows.append(f"| {t.name} | {'x'.join(map(str, t.shape))} | {t.kernels} | {t.trials} | {t.failed} | {fmt(t.default_us, '.1f')} "
                         f"| {fmt(t.best_us, '.1f')} | {fmt(t.speedup, '.2f')} | {fmt(t.gops, '.1f')} |")
         where = f"on {self.remote}" if self.remote else "on this host"
         rows.append(f"\n{self.measured} candidates measured {where} in {self.seconds:.0f} s "
@@ -139,15 +146,14 @@ def untunable_kernels(mod, spec, requant_mode: str = "float", fast_math: bool = 
 
 
 def extract_tasks(mod, spec, requant_mode: str = "float", fast_math: bool = True, kernels=None) -> list[Task]:
-    """The distinct tunable kernels of ``mod`` (structurally equal kernels are one task)."""
-    tasks, seen = [], set()
+    """The tunable kernels of ``mod``, one task per schedule key (kernels that differ only in their
+    constants are one task, represented by the first of them by name)."""
+    groups: dict[str, list] = {}
     kernels = kernels if kernels is not None else _kernels(mod, spec, requant_mode, fast_math)
-    for name, func in kernels:
+    for name, func in sorted(kernels, key=lambda item: item[0]):
         if is_tunable(func):
-            key = tvm_ffi.structural_hash(func)
-            if key not in seen:
-                seen.add(key)
-                tasks.append(Task(name, func))
+            groups.setdefault(schedule_key(func), []).append((name, func))
+    tasks = [Task(members[0][0], members[0][1], tuple(n for n, _ in members)) for members in groups.values()]
     return sorted(tasks, key=lambda t: t.name)
 
 
@@ -181,6 +187,7 @@ def rpc_runner(tracker: str, key: str, timeout_sec: float = 60.0):
     if not host or not port.isdigit():
         raise TuningError(f"rpc tracker must be given as HOST:PORT, not {tracker!r}")
     try:
+        socket.create_connection((host, int(port)), timeout=10).close()  # TVM's own connect retries for 60 s
         summary = tvm.rpc.connect_tracker(host, int(port)).summary()
     except Exception as err:  # noqa: BLE001 - socket and RPC errors alike
         raise TuningError(f"cannot reach the RPC tracker at {tracker}: {str(err).splitlines()[0]}") from err
@@ -227,14 +234,20 @@ def _measure_default(task, target, database, builder, runner) -> None:
     database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs, target, args_info))
 
 
+def _seconds(record) -> float:
+    """A record's mean measured time (1e10 for a failed candidate)."""
+    return sum(float(s) for s in record.run_secs) / len(record.run_secs)
+
+
 def _summary(database, task) -> TaskResult:
     records = _records(database, task.func)
-    secs = [sum(float(s) for s in r.run_secs) / len(r.run_secs) for r in records]
+    secs = [_seconds(r) for r in records]
     good = [s for s in secs if s < FAILED]
     sch = default_schedule(_normalize_mod(task.func)["main"])
     default = str(sch.trace) if sch is not None else None
     default_s = [s for r, s in zip(records, secs) if default is not None and str(r.trace) == default and s < FAILED]
-    return TaskResult(task.name, task.shape, str(task.func.attrs["lowprec.intrin"]), len(records),
+    return TaskResult(task.name, task.shape, str(task.func.attrs["lowprec.intrin"]), max(1, len(task.kernels)),
+                      len(records),
                       len(secs) - len(good), default_s[0] * 1e6 if default_s else None,
                       min(good) * 1e6 if good else None)
 
@@ -260,6 +273,9 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
         raise TuningError(f"target {spec.name} does not run on this host (it needs {', '.join(spec.features)}): "
                           "measure on a machine that does, with rpc_tracker='host:port' and rpc_key=...")
     start = time.perf_counter()
+    quiet = logging.getLogger("tvm.s_tir.meta_schedule")
+    if quiet.level == logging.NOTSET:  # MetaSchedule's own tables go to work_dir/logs, not the console
+        quiet.setLevel(logging.WARNING)
     target_ = tuning_target(spec, num_threads)
     database = open_database(work_dir)
     kernels = _kernels(mod, spec, requant_mode, fast_math)  # the passes run once for both lists
@@ -270,17 +286,18 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
                     len(skipped), ", ".join(skipped))
     if not tasks:
         log.warning("no tunable integer kernel in the model (nothing tensorized to tune)")
-    runner = rpc_runner(rpc_tracker, rpc_key) if rpc_tracker else ms.runner.LocalRunner(
-        timeout_sec=60, evaluator_config=_evaluator())
-    builder = _builder(builder_timeout)
-    _tvmscript.import_tensor_intrinsics()  # TuneContext imports them; cheaply here
+    runner = rpc_runner(rpc_tracker, rpc_key) if rpc_tracker else None
     before = sum(records_of(database, t.func) for t in tasks)
-    for task in tqdm(tasks, desc="tuning", disable=not progress or not tasks):
+    todo = [t for t in tasks if records_of(database, t.func) < trials]
+    if todo:  # the worker pools start only when something is left to measure
+        runner = runner or ms.runner.LocalRunner(timeout_sec=60, evaluator_config=_evaluator())
+        builder = _builder(builder_timeout)
+        _tvmscript.import_tensor_intrinsics()  # TuneContext imports them; cheaply here
+    for task in tqdm(todo, desc="tuning", disable=not progress or not todo):
         if records_of(database, task.func) == 0:
             _measure_default(task, target_, database, builder, runner)
         remaining = trials - records_of(database, task.func)
         if remaining <= 0:
-            log.info("%s: %d trials recorded already", task.name, trials - remaining)
             continue
         ms.tune_tir(
             _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
@@ -316,14 +333,40 @@ SCHEDULE_DIRS = (Path(__file__).resolve().parents[1] / "schedules",   # installe
 def shipped_database(spec):
     """The tuning records shipped for ``spec``'s row (``schedules/<row>/``), or None."""
     for root in SCHEDULE_DIRS:
-        if (root / spec.name / "database_tuning_record.json").is_file():
-            return _shipped(str(root / spec.name))
+        if (root / spec.row / "database_tuning_record.json").is_file():
+            return _shipped(str(root / spec.row))
     return None
 
 
 @functools.lru_cache(maxsize=None)
 def _shipped(path: str):
     return open_database(path)
+
+
+def _best_records(database, key) -> dict:
+    """``key(record)`` -> the fastest successful record with that key."""
+    best = {}
+    for record in database.get_all_tuning_records():
+        k = key(record)
+        if _seconds(record) < FAILED and (k not in best or _seconds(record) < _seconds(best[k])):
+            best[k] = record
+    return best
+
+
+def export_best(database, dest) -> int:
+    """Write the best successful record of every workload of ``database`` (a work dir, a
+    :class:`TuningResult` or a Database) to a new JSON database in ``dest``: the compact form shipped
+    in ``schedules/<row>/``. Returns the number of records written."""
+    best = _best_records(_as_database(database), lambda record: tvm_ffi.structural_hash(record.workload.mod))
+    dest = Path(dest)
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        (dest / name).unlink(missing_ok=True)
+    out = open_database(dest)
+    for record in best.values():
+        out.commit_tuning_record(ms.database.TuningRecord(
+            record.trace, out.commit_workload(record.workload.mod), [float(s) for s in record.run_secs],
+            record.target, record.args_info))
+    return len(best)
 
 
 def database_lookup(database, spec, num_threads: int | None = None):
@@ -334,15 +377,27 @@ def database_lookup(database, spec, num_threads: int | None = None):
     database = _as_database(database)
     target_ = tuning_target(spec, num_threads)
 
+    @functools.cache
+    def by_key() -> dict:
+        """Schedule key -> best successful record, for kernels without a record of their own."""
+        return _best_records(database, lambda record: schedule_key(record.workload.mod["main"]))
+
     def tuned(func):
         if not is_tunable(func):
             return None
         mod = _normalize_mod(func)
         record = database.query_tuning_record(mod, target_, "main")
-        if record is None or min(float(s) for s in record.run_secs) >= FAILED:
-            return None  # no record, or only failed ones
+        if record is None or _seconds(record) >= FAILED:
+            record = by_key().get(schedule_key(func))  # a kernel differing only in its constants
+        if record is None:
+            return None
         sch = Schedule(mod)
-        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        try:
+            record.trace.apply_to_schedule(sch, remove_postproc=False)
+        except Exception as err:  # noqa: BLE001 - a record that does not fit: the default rules
+            log.warning("tuning record for %s does not apply (%s); default schedule", func.attrs.get("global_symbol", "?"),
+                        str(err).splitlines()[-1])
+            return None
         return sch
 
     return tuned
