@@ -58,15 +58,24 @@ def test_every_sampled_candidate_keeps_the_intrinsic_and_builds(name):
             tvm.compile(sch.mod, target=spec.tvm_target(1))
 
 
+def _attention_scores():
+    """Q·Kᵀ of 12 heads: both operands activations, so a batched kernel fed by run-time packing."""
+    from test_batched import _qlinear_matmul_runtime_b
+
+    return _qlinear_matmul_runtime_b((12, 32, 64), (12, 64, 32), "uint8", 131)
+
+
 @pytest.mark.parametrize("name", sorted(registered_targets()))
-@pytest.mark.parametrize("shape", [(48, 128, 64), (256, 512, 512), (3136, 576, 64)])
+@pytest.mark.parametrize("shape", [(48, 128, 64), (256, 512, 512), (3136, 576, 64), "batched"])
 def test_default_schedule_is_a_point_of_the_space(name, shape):
     """The default rule's schedule is the space's trace with the rule's tile as decisions (the tuner
     measures it first), and the trace replays with every row tile the search may pick (a loop count
-    that depended on the tile would make mutated candidates fail to replay)."""
+    that depended on the tile would make mutated candidates fail to replay). Batched kernels too."""
     spec = resolve_target(name)
-    (task,) = extract_tasks(tvm_lowprec.from_onnx(qlinear_matmul(*shape)), spec)
+    model = _attention_scores() if shape == "batched" else qlinear_matmul(*shape)
+    (task,) = extract_tasks(tvm_lowprec.from_onnx(model), spec)
     func = _normalize_mod(task.func)["main"]
+    assert (int(func.attrs["lowprec.batch"]) > 0) == (shape == "batched")
     default = default_schedule(func)
     assert tvm_ffi.structural_equal(default.mod, QGemmRule().apply(func, spec).mod)
     for k_blocked in (False, True):
@@ -76,7 +85,10 @@ def test_default_schedule_is_a_point_of_the_space(name, shape):
         rows = int(np.prod([int(d) for d in base.trace.decisions[row_sample]]))
         for mr in [d for d in range(1, MAX_ROWS + 1) if rows % d == 0]:
             trace = base.trace.with_decision(row_sample, [rows // mr, mr], remove_postproc=True)
-            trace.apply_to_schedule(Schedule(func), remove_postproc=True)
+            replayed = Schedule(func)
+            trace.apply_to_schedule(replayed, remove_postproc=True)
+        if shape == "batched":  # one draw of each space builds (the others: the test above, unbatched)
+            tvm.compile(replayed.mod, target=spec.tvm_target(1))
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +268,22 @@ def test_model_without_integer_kernels_has_no_tasks():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
     mod = tvm_lowprec.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert extract_tasks(mod, resolve_target("native")) == []
+
+
+@pytest.mark.skipif(not runnable(resolve_target("native")), reason="needs a host that runs the native row")
+def test_tuned_batched_kernel_is_exact(tmp_path, rng):
+    """Attention's batched kernel (run-time packed weights) tunes and stays exact."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _attention_scores()
+    mod = tvm_lowprec.from_onnx(model)
+    result = tvm_lowprec.tune(mod, "native", trials=2, work_dir=tmp_path / "db", progress=False)
+    assert [t.failed for t in result.tasks] == [0] and result.measured == 2
+    compiled = tvm_lowprec.compile(mod, "native", database=result)
+    assert _schedules(compiled) == ["tuned"]
+    a = rng.integers(0, 256, (12, 32, 64)).astype(np.uint8)
+    b = rng.integers(0, 256, (12, 64, 32)).astype(np.uint8)
+    np.testing.assert_array_equal(compiled(a, b)[0], ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0])
 
 
 def test_kernels_without_a_search_space_are_named(caplog, tmp_path):

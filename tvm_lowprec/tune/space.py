@@ -34,9 +34,10 @@ MAX_K_SLICES = 512  # kstep slices per K block
 
 
 def is_tunable(func) -> bool:
-    """A kernel the search space covers: tvm-lowprec's non-batched quantized GEMM."""
+    """A kernel the search space covers: tvm-lowprec's quantized GEMM, batched (attention's run-time
+    packed operands) or not."""
     attrs = func.attrs
-    return attrs is not None and attrs.get("lowprec.op", None) == "qgemm" and int(attrs.get("lowprec.batch", 0)) == 0
+    return attrs is not None and attrs.get("lowprec.op", None) == "qgemm"
 
 
 _KEY_ATTRS = ("lowprec.shape", "lowprec.tile", "lowprec.vector", "lowprec.intrin", "lowprec.b_storage",
@@ -63,6 +64,7 @@ def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     _, nr, _ = (int(x) for x in func.attrs["lowprec.tile"])
     intrin = str(func.attrs["lowprec.intrin"])
     lanes, kstep = (int(x) for x in func.attrs["lowprec.vector"])
+    batched = int(func.attrs.get("lowprec.batch", 0)) > 0
     decisions = list(decisions or [None, None])
     QGemmRule._prepare_inputs(sch)
     m = sch.get_loops(sch.get_sblock("gemm"))[-3]
@@ -71,7 +73,7 @@ def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     def k_blocks(sch, slices):
         return sch.sample_perfect_tile(slices, n=2, max_innermost_factor=MAX_K_SLICES, decision=decisions[1])
 
-    tile_gemm(sch, mr, nr, k_blocks if k_blocked else None, intrin, lanes, kstep)
+    tile_gemm(sch, mr, nr, k_blocks if k_blocked else None, intrin, lanes, kstep, batched)
 
 
 def qgemm_spaces(sch) -> list:

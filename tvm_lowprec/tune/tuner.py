@@ -19,6 +19,7 @@ import functools
 import logging
 import shutil
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ from .space import default_schedule, is_tunable, schedule_key, space_generator
 log = logging.getLogger("tvm_lowprec.tune")
 
 FAILED = 1e9  # MetaSchedule records a failed build or run with run_secs of 1e10
+VALIDATE_TOP = 4  # after the search, the 4 fastest schedules and the default are measured again,
+VALIDATE_ROUNDS = 5  # 5 interleaved rounds; the medians of all measurements decide
+MIN_TRIALS_TO_VALIDATE = 16
 
 
 class TuningDatabaseError(LowPrecError, ValueError):
@@ -239,17 +243,69 @@ def _seconds(record) -> float:
     return sum(float(s) for s in record.run_secs) / len(record.run_secs)
 
 
+def _by_trace(records) -> dict:
+    """Distinct schedules among ``records``: trace text -> (a record of it, every time measured for it);
+    failed measurements left out. A schedule's time is the median of all its measurements: the search
+    measures each candidate once, validation again several times, and one lucky measurement must not
+    make a candidate the best (on a noisy machine the best of 64 single measurements mostly is)."""
+    groups: dict[str, tuple] = {}
+    for record in records:
+        if _seconds(record) >= FAILED:
+            continue
+        key = str(record.trace)
+        first, times = groups.get(key, (record, []))
+        groups[key] = (first, times + [float(s) for s in record.run_secs])
+    return groups
+
+
+def _ranked(records) -> list[tuple]:
+    """(record, median seconds), fastest first, one per distinct schedule."""
+    return sorted(((rec, statistics.median(times)) for rec, times in _by_trace(records).values()),
+                  key=lambda item: item[1])
+
+
+def _validate(task, target, database, builder, runner, top: int, rounds: int) -> None:
+    """Measure the ``top`` fastest schedules so far and the default one again, ``rounds`` times,
+    interleaved (every round runs each once), and record the times: the medians then decide."""
+    ranked = [rec for rec, _ in _ranked(_records(database, task.func))]
+    default = default_schedule(_normalize_mod(task.func)["main"])
+    chosen = ranked[:top] + [rec for rec in ranked[top:] if default is not None and str(rec.trace) == str(default.trace)]
+    if len(chosen) < 2:
+        return
+    mod = _normalize_mod(task.func)
+    schedules = []
+    for record in chosen:
+        sch = Schedule(mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        schedules.append(sch)
+    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    args_info = ms.arg_info.ArgInfo.from_prim_func(task.func)
+    ok = [i for i, b in enumerate(built) if not b.error_msg]
+    times = {i: [] for i in ok}
+    for _ in range(rounds):
+        futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", args_info) for i in ok])
+        for i, future in zip(ok, futures):
+            result = future.result()
+            if result.error_msg is None:
+                times[i] += [float(x) for x in result.run_secs]
+    for b in built:
+        if b.artifact_path:
+            shutil.rmtree(Path(b.artifact_path).parent, ignore_errors=True)
+    workload = database.commit_workload(mod)
+    for i, secs in times.items():
+        if secs:
+            database.commit_tuning_record(ms.database.TuningRecord(chosen[i].trace, workload, secs, target, args_info))
+
+
 def _summary(database, task) -> TaskResult:
     records = _records(database, task.func)
-    secs = [_seconds(r) for r in records]
-    good = [s for s in secs if s < FAILED]
+    failed = sum(_seconds(r) >= FAILED for r in records)
+    ranked = _ranked(records)
     sch = default_schedule(_normalize_mod(task.func)["main"])
-    default = str(sch.trace) if sch is not None else None
-    default_s = [s for r, s in zip(records, secs) if default is not None and str(r.trace) == default and s < FAILED]
+    default = [t for rec, t in ranked if sch is not None and str(rec.trace) == str(sch.trace)]
     return TaskResult(task.name, task.shape, str(task.func.attrs["lowprec.intrin"]), max(1, len(task.kernels)),
-                      len(records),
-                      len(secs) - len(good), default_s[0] * 1e6 if default_s else None,
-                      min(good) * 1e6 if good else None)
+                      len(records), failed, default[0] * 1e6 if default else None,
+                      ranked[0][1] * 1e6 if ranked else None)
 
 
 def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threads: int | None = None,
@@ -273,9 +329,7 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
         raise TuningError(f"target {spec.name} does not run on this host (it needs {', '.join(spec.features)}): "
                           "measure on a machine that does, with rpc_tracker='host:port' and rpc_key=...")
     start = time.perf_counter()
-    quiet = logging.getLogger("tvm.s_tir.meta_schedule")
-    if quiet.level == logging.NOTSET:  # MetaSchedule's own tables go to work_dir/logs, not the console
-        quiet.setLevel(logging.WARNING)
+    _quiet_metaschedule()
     target_ = tuning_target(spec, num_threads)
     database = open_database(work_dir)
     kernels = _kernels(mod, spec, requant_mode, fast_math)  # the passes run once for both lists
@@ -296,18 +350,29 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     for task in tqdm(todo, desc="tuning", disable=not progress or not todo):
         if records_of(database, task.func) == 0:
             _measure_default(task, target_, database, builder, runner)
-        remaining = trials - records_of(database, task.func)
-        if remaining <= 0:
-            continue
-        ms.tune_tir(
-            _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
-            max_trials_global=remaining, num_trials_per_iter=min(remaining, 16),
-            builder=builder, runner=runner, database=database, cost_model="xgb",
-            space=space_generator(), strategy=_search(trials), num_tuning_cores=1,
-        )
+        validation = VALIDATE_TOP + 1 if trials >= MIN_TRIALS_TO_VALIDATE else 0
+        remaining = trials - validation - records_of(database, task.func)
+        if remaining > 0:
+            ms.tune_tir(
+                _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
+                max_trials_global=remaining, num_trials_per_iter=min(remaining, 16),
+                builder=builder, runner=runner, database=database, cost_model="xgb",
+                space=space_generator(), strategy=_search(trials), num_tuning_cores=1,
+            )
+        if validation and records_of(database, task.func) < trials:  # not validated yet
+            _validate(task, target_, database, builder, runner, VALIDATE_TOP, VALIDATE_ROUNDS)
     measured = sum(records_of(database, t.func) for t in tasks) - before
     return TuningResult(database, Path(work_dir), spec.name, tuple(_summary(database, t) for t in tasks), skipped,
                         time.perf_counter() - start, measured, remote=f"{rpc_key}@{rpc_tracker}" if rpc_tracker else None)
+
+
+def _quiet_metaschedule() -> None:
+    """MetaSchedule's own tables go to ``work_dir/logs``, not the console, unless the user set its
+    logger's level. (Its log setup raises that logger to DEBUG, so the choice is remembered.)"""
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    if logger.level == logging.NOTSET or getattr(logger, "_lowprec_quiet", False):
+        logger.setLevel(logging.WARNING)
+        logger._lowprec_quiet = True
 
 
 def _search(trials: int):
@@ -344,13 +409,12 @@ def _shipped(path: str):
 
 
 def _best_records(database, key) -> dict:
-    """``key(record)`` -> the fastest successful record with that key."""
-    best = {}
+    """``key(record)`` -> the best record (by median, :func:`_ranked`) among those with that key."""
+    groups: dict = {}
     for record in database.get_all_tuning_records():
-        k = key(record)
-        if _seconds(record) < FAILED and (k not in best or _seconds(record) < _seconds(best[k])):
-            best[k] = record
-    return best
+        groups.setdefault(key(record), []).append(record)
+    ranked = {k: _ranked(records) for k, records in groups.items()}
+    return {k: r[0][0] for k, r in ranked.items() if r}
 
 
 def export_best(database, dest) -> int:
@@ -379,16 +443,16 @@ def database_lookup(database, spec, num_threads: int | None = None):
 
     @functools.cache
     def by_key() -> dict:
-        """Schedule key -> best successful record, for kernels without a record of their own."""
+        """Schedule key -> best record, for kernels without records of their own."""
         return _best_records(database, lambda record: schedule_key(record.workload.mod["main"]))
 
     def tuned(func):
         if not is_tunable(func):
             return None
         mod = _normalize_mod(func)
-        record = database.query_tuning_record(mod, target_, "main")
-        if record is None or _seconds(record) >= FAILED:
-            record = by_key().get(schedule_key(func))  # a kernel differing only in its constants
+        ranked = _ranked(_records(database, func))
+        # no record of its own: a kernel differing only in its constants
+        record = ranked[0][0] if ranked else by_key().get(schedule_key(func))
         if record is None:
             return None
         sch = Schedule(mod)
