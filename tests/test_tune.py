@@ -2,6 +2,7 @@
 intrinsic and always builds, tuned records are applied by compile and stay exact, a second run
 resumes from the database, and an unreadable database never breaks a compile."""
 
+import itertools
 import shutil
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import tvm_lowprec
 from tvm_lowprec.schedule.qgemm import QGemmRule
 from tvm_lowprec.targets import registered_targets, resolve_target
 from tvm_lowprec.tune import TuningError, default_schedule, extract_tasks, open_database, qgemm_space
-from tvm_lowprec.tune.space import MAX_ROWS
+from tvm_lowprec.tune.space import MAX_K_SLICES, MAX_ROWS, space_size
 
 from conftest import runnable
 from models import qlinear_matmul
@@ -89,6 +90,30 @@ def test_default_schedule_is_a_point_of_the_space(name, shape):
             trace.apply_to_schedule(replayed, remove_postproc=True)
         if shape == "batched":  # one draw of each space builds (the others: the test above, unbatched)
             tvm.compile(replayed.mod, target=spec.tvm_target(1))
+
+
+def test_space_size_counts_every_distinct_schedule():
+    """space_size (where the tuner stops searching) equals the distinct schedules that replaying every
+    decision of both design spaces gives."""
+    spec = resolve_target("x86-avx2")
+    (task,) = extract_tasks(tvm_lowprec.from_onnx(_model()), spec)
+    func = _normalize_mod(task.func)["main"]
+    seen = set()
+    for k_blocked in (False, True):
+        base = Schedule(func)
+        qgemm_space(base, k_blocked)
+        samples = [i for i in base.trace.insts if i.kind.name == "SamplePerfectTile"]
+        extents = [int(np.prod([int(d) for d in base.trace.decisions[i]])) for i in samples]
+        choices = [[[e // d, d] for d in range(1, e + 1) if e % d == 0 and d <= bound]
+                   for e, bound in zip(extents, (MAX_ROWS, MAX_K_SLICES))]
+        for decisions in itertools.product(*choices):
+            trace = base.trace
+            for inst, decision in zip(samples, decisions):
+                trace = trace.with_decision(inst, decision, remove_postproc=True)
+            sch = Schedule(func)
+            trace.apply_to_schedule(sch, remove_postproc=True)
+            seen.add(tvm_ffi.structural_hash(sch.mod))
+    assert len(seen) == space_size(func)
 
 
 @pytest.fixture(scope="module")

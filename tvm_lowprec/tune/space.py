@@ -76,6 +76,24 @@ def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     tile_gemm(sch, mr, nr, k_blocks if k_blocked else None, intrin, lanes, kstep, batched)
 
 
+def _gemm_extents(func) -> tuple[int, int]:
+    """(padded rows, K slices of ``kstep``) of a qgemm PrimFunc."""
+    _, kstep = (int(x) for x in func.attrs["lowprec.vector"])
+    probe = Schedule(func)
+    rows, _, k = (int(probe.get(loop).extent) for loop in probe.get_loops(probe.get_sblock("gemm"))[-3:])
+    return rows, k // kstep
+
+
+def space_size(func) -> int:
+    """Distinct schedules in both design spaces: row tiles x (K whole + each K blocking). Small (tens
+    to a few hundred): the tuner stops there instead of asking the search for candidates that are
+    not left."""
+    rows, slices = _gemm_extents(func)
+    row_tiles = sum(rows % d == 0 for d in range(1, MAX_ROWS + 1))
+    k_blocks = sum(slices % d == 0 for d in range(1, min(slices, MAX_K_SLICES) + 1))
+    return row_tiles * (1 + k_blocks)
+
+
 def qgemm_spaces(sch) -> list:
     """Both design spaces: K whole inside the row tile, and K blocked."""
     blocked = sch.copy()
@@ -89,9 +107,7 @@ def default_schedule(func):
     as the samples' decisions), or None where the rule's tile does not divide the loop."""
     mr, _, kblock = (int(x) for x in func.attrs["lowprec.tile"])
     _, kstep = (int(x) for x in func.attrs["lowprec.vector"])
-    probe = Schedule(func)  # reads the loop extents (the schedule below records only the space's steps)
-    rows, _, k = (int(probe.get(loop).extent) for loop in probe.get_loops(probe.get_sblock("gemm"))[-3:])
-    slices = k // kstep
+    rows, slices = _gemm_extents(func)
     if rows % mr or (kblock and slices % (kblock // kstep)):
         return None
     decisions = [[rows // mr, mr], [slices // (kblock // kstep), kblock // kstep] if kblock else None]

@@ -34,7 +34,7 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from .. import _tvmscript
 from ..errors import LowPrecError
 from ..targets import host_supports, resolve_target
-from .space import default_schedule, is_tunable, schedule_key, space_generator
+from .space import default_schedule, is_tunable, schedule_key, space_generator, space_size
 
 log = logging.getLogger("tvm_lowprec.tune")
 
@@ -342,7 +342,7 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
         log.warning("no tunable integer kernel in the model (nothing tensorized to tune)")
     runner = rpc_runner(rpc_tracker, rpc_key) if rpc_tracker else None
     before = sum(records_of(database, t.func) for t in tasks)
-    todo = [t for t in tasks if records_of(database, t.func) < trials]
+    todo = [t for t in tasks if any(_work_left(database, t, trials))]
     if todo:  # the worker pools start only when something is left to measure
         runner = runner or ms.runner.LocalRunner(timeout_sec=60, evaluator_config=_evaluator())
         builder = _builder(builder_timeout)
@@ -350,20 +350,30 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     for task in tqdm(todo, desc="tuning", disable=not progress or not todo):
         if records_of(database, task.func) == 0:
             _measure_default(task, target_, database, builder, runner)
-        validation = VALIDATE_TOP + 1 if trials >= MIN_TRIALS_TO_VALIDATE else 0
-        remaining = trials - validation - records_of(database, task.func)
-        if remaining > 0:
+        search, _ = _work_left(database, task, trials)
+        if search > 0:
             ms.tune_tir(
                 _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
-                max_trials_global=remaining, num_trials_per_iter=min(remaining, 16),
+                max_trials_global=search, num_trials_per_iter=min(search, 16),
                 builder=builder, runner=runner, database=database, cost_model="xgb",
                 space=space_generator(), strategy=_search(trials), num_tuning_cores=1,
             )
-        if validation and records_of(database, task.func) < trials:  # not validated yet
+        if _work_left(database, task, trials)[1]:
             _validate(task, target_, database, builder, runner, VALIDATE_TOP, VALIDATE_ROUNDS)
     measured = sum(records_of(database, t.func) for t in tasks) - before
     return TuningResult(database, Path(work_dir), spec.name, tuple(_summary(database, t) for t in tasks), skipped,
                         time.perf_counter() - start, measured, remote=f"{rpc_key}@{rpc_tracker}" if rpc_tracker else None)
+
+
+def _work_left(database, task, trials: int) -> tuple[int, bool]:
+    """(candidates the search still has to measure, whether validation is still to run) for a budget of
+    ``trials`` measurements: the search stops at the size of the space, validation (budgets of
+    :data:`MIN_TRIALS_TO_VALIDATE` or more) runs once, after it (a schedule measured twice marks it)."""
+    records = _records(database, task.func)
+    distinct = len({str(r.trace) for r in records})
+    validation = VALIDATE_TOP + 1 if trials >= MIN_TRIALS_TO_VALIDATE else 0
+    search = min(trials - validation, space_size(_normalize_mod(task.func)["main"])) - distinct
+    return max(0, search), bool(validation) and len(records) == distinct
 
 
 def _quiet_metaschedule() -> None:
