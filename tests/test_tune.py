@@ -264,7 +264,7 @@ def test_cli_tune_then_run_with_the_records(tmp_path, capsys):
 
     path = tmp_path / "model.onnx"
     onnx.save(_model(), path)
-    assert main(["tune", str(path), "--trials", "1", "--work-dir", str(tmp_path / "db")]) == 0
+    assert main(["tune", str(path), "--trials", "1", "--threads", "1", "--work-dir", str(tmp_path / "db")]) == 0
     out = capsys.readouterr().out
     assert "| qgemm_u8_48x64x128" in out and "trials/s" in out and "--database" in out
     assert main(["run", str(path), "--database", str(tmp_path / "db"), "--repeat", "2"]) == 0

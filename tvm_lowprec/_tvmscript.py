@@ -9,8 +9,9 @@ whose pool it restarts for every batch (60 s per batch of candidates, whatever t
 
 :func:`cheap_frame_inspection` makes ``inspect.stack`` return the same frames, with the source line
 from :mod:`linecache` (what TVMScript's parser reads: ``frame`` and ``code_context``) and no module
-lookup. This module imports nothing heavy, so a MetaSchedule worker can run
-:func:`import_tensor_intrinsics` as its initializer cheaply.
+lookup. This module imports nothing heavy, so MetaSchedule's worker processes run its functions as
+their initializers cheaply (the tuner pickles them by value): :func:`import_tensor_intrinsics` in the
+builder, :func:`use_threads` in the runner.
 """
 
 from __future__ import annotations
@@ -48,3 +49,13 @@ def import_tensor_intrinsics() -> None:
     ``TuneContext`` and builder workers import it, and then find it already loaded."""
     with cheap_frame_inspection():
         import tvm.s_tir.tensor_intrin  # noqa: F401
+
+
+def use_threads(count: int) -> None:
+    """A MetaSchedule runner worker's initializer: TVM's thread pool there gets ``count`` threads (it
+    reads ``TVM_NUM_THREADS`` when first used), so candidates are measured at the thread count they
+    are tuned for."""
+    import os
+
+    os.environ["TVM_NUM_THREADS"] = str(count)
+
