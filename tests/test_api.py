@@ -59,7 +59,8 @@ def test_kernel_report_names_the_intrinsic(compiled):
     assert gemm[0].shape == (4, 16, 32)
     operand = compiled.spec.gemm.operand("uint8")
     assert gemm[0].intrinsic in (operand.intrin, operand.intrin_wide_b)
-    assert set(gemm[0].as_row()) == {"name", "op", "intrinsic", "shape"}
+    assert set(gemm[0].as_row()) == {"name", "op", "intrinsic", "shape", "schedule"}
+    assert gemm[0].schedule == "default"  # no tuning records for this kernel
     mnemonic = compiled.spec.gemm.name.split("_")[0]
     assert mnemonic in compiled.inspect_source("asm")
 

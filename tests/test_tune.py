@@ -116,6 +116,53 @@ def test_space_size_counts_every_distinct_schedule():
     assert len(seen) == space_size(func)
 
 
+def test_validated_schedules_rank_before_single_measurements(tmp_path):
+    """A schedule measured once (a possibly lucky time) does not beat validated ones; among validated
+    schedules the median decides, and the validated default stays unless beaten by MIN_GAIN; compile's
+    lookup applies the winner and leaves the kernel it was given untouched."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm_lowprec.tune.tuner import _best, _ranked, _records, database_lookup
+
+    spec = resolve_target("x86-avx2")
+    (task,) = extract_tasks(tvm_lowprec.from_onnx(_model()), spec)
+    func = _normalize_mod(task.func)["main"]
+    pristine = tvm_ffi.structural_hash(task.func)
+    db = open_database(tmp_path)
+    workload = db.commit_workload(_normalize_mod(task.func))
+    traces = []
+    for seed in range(1, 40):  # three distinct schedules of the space
+        sch = Schedule(func, seed=seed)
+        qgemm_space(sch, True)
+        if all(str(sch.trace) != str(t) for t in traces):
+            traces.append(sch.trace)
+        if len(traces) == 3:
+            break
+    lucky, slow, good = traces
+    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+    target = spec.tvm_target(2)
+
+    def commit(trace, secs):
+        db.commit_tuning_record(ms.database.TuningRecord(trace, workload, secs, target, args_info))
+
+    for trace, secs in ((lucky, [1e-4]), (slow, [3e-4]), (slow, [3e-4, 3.1e-4]), (good, [2e-4]), (good, [2e-4, 2.5e-4])):
+        commit(trace, secs)
+    ranked = _ranked(_records(db, task.func))
+    assert [str(r.trace) for r, *_ in ranked] == [str(good), str(slow), str(lucky)]
+    assert ranked[0][1] == pytest.approx(2e-4)  # median of 2e-4, 2e-4, 2.5e-4
+    chosen = database_lookup(db, spec)(task.func)
+    replayed = Schedule(_normalize_mod(task.func))
+    qgemm_space(replayed, True, decisions=[[int(d) for d in good.decisions[i]] for i in good.insts
+                                          if i.kind.name == "SamplePerfectTile"])
+    assert tvm_ffi.structural_equal(chosen.mod, replayed.mod)
+    assert tvm_ffi.structural_hash(task.func) == pristine  # the replay worked on a copy
+    # the validated default within MIN_GAIN (3%) of the winner stays: noise is no reason to swap
+    default = default_schedule(func).trace
+    commit(default, [2.05e-4, 2.05e-4])
+    assert str(_best(_records(db, task.func), func)[0].trace) == str(default)
+    commit(default, [2.5e-4, 2.5e-4])  # now a median of 2.275e-4 against 2e-4: the tuned one wins
+    assert str(_best(_records(db, task.func), func)[0].trace) == str(good)
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     """One 2-trial tuning run (the default schedule, then one searched candidate), shared."""

@@ -42,6 +42,7 @@ FAILED = 1e9  # MetaSchedule records a failed build or run with run_secs of 1e10
 VALIDATE_TOP = 4  # after the search, the 4 fastest schedules and the default are measured again,
 VALIDATE_ROUNDS = 5  # 5 interleaved rounds; the medians of all measurements decide
 MIN_TRIALS_TO_VALIDATE = 16
+MIN_GAIN = 0.03  # a tuned schedule replaces the validated default only when its median is 3% faster
 
 
 class TuningDatabaseError(LowPrecError, ValueError):
@@ -66,9 +67,8 @@ class Task:
         return tuple(int(x) for x in self.func.attrs["lowprec.shape"])
 
     @property
-    def ops(self) -> int:
-        m, n, k = self.shape
-        return 2 * m * n * k
+    def batch(self) -> int:
+        return int(self.func.attrs.get("lowprec.batch", 0))
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ class TaskResult:
     trials: int  # records of this kernel, failed ones included
     failed: int  # records whose build or run failed
     default_us: float | None  # the default schedule's measured time (None: not measured)
-    best_us: float | None
+    best_us: float | None  # the time of the schedule compile uses
+    batch: int = 0  # GEMMs per call (batched kernels)
 
     @property
     def speedup(self) -> float | None:
@@ -91,7 +92,7 @@ class TaskResult:
     @property
     def gops(self) -> float | None:
         m, n, k = self.shape
-        return 2 * m * n * k / self.best_us / 1e3 if self.best_us else None
+        return 2 * max(1, self.batch) * m * n * k / self.best_us / 1e3 if self.best_us else None
 
 
 @dataclass(frozen=True)
@@ -114,12 +115,13 @@ class TuningResult:
 
     def table(self) -> str:
         """Markdown: per kernel, records, failures, default and tuned time, speed-up, GOPS."""
-        head = ("| kernel | M x N x K | kernels | trials | failed | default µs | tuned µs | speed-up | GOPS |\n"
+        head = ("| kernel | [batch x] M x N x K | kernels | trials | failed | default µs | tuned µs | speed-up | GOPS |\n"
                 "|---|---|---|---|---|---|---|---|---|")
         rows = [head]
         for t in self.tasks:
             fmt = lambda v, f: "—" if v is None else format(v, f)  # noqa: E731
-            rows.append(f"| {t.name} | {'x'.join(map(str, t.shape))} | {t.kernels} | {t.trials} | {t.failed} | {fmt(t.default_us, '.1f')} "
+            shape = "x".join(map(str, ((t.batch,) if t.batch else ()) + tuple(t.shape)))
+            rows.append(f"| {t.name} | {shape} | {t.kernels} | {t.trials} | {t.failed} | {fmt(t.default_us, '.1f')} "
                         f"| {fmt(t.best_us, '.1f')} | {fmt(t.speedup, '.2f')} | {fmt(t.gops, '.1f')} |")
         where = f"on {self.remote}" if self.remote else "on this host"
         rows.append(f"\n{self.measured} candidates measured {where} in {self.seconds:.0f} s "
@@ -269,6 +271,31 @@ def _ranked(records) -> list[tuple]:
                   key=lambda item: (validated and not item[2], item[1]))
 
 
+def _best(records, func):
+    """(record, median seconds) of the schedule ``compile`` should use, or None: the first of
+    :func:`_ranked`, except that the validated default schedule stays unless the winner's median is at
+    least :data:`MIN_GAIN` faster (differences smaller than that are this machine's noise, and swapping
+    on them made kernels slower as often as faster)."""
+    ranked = _ranked(records)
+    if not ranked:
+        return None
+    default = default_schedule(func)
+    text = str(default.trace) if default is not None else None
+    for record, seconds, validated in ranked:
+        if validated and str(record.trace) == text and ranked[0][1] > seconds * (1 - MIN_GAIN):
+            return record, seconds
+    return ranked[0][:2]
+
+
+def _replay(trace, func) -> Schedule:
+    """``trace`` applied to a private copy of ``func``: on TVM 0.27 ``Trace.apply_to_schedule``
+    rewrites the loops of the function it was given in place (seen: a kernel's M loop of 48 read 2
+    after a replay), which would corrupt the model's kernel and every later lookup of it."""
+    sch = Schedule(tvm.ir.load_json(tvm.ir.save_json(_normalize_mod(func))))
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch
+
+
 def _validate(task, target, database, builder, runner, top: int, rounds: int) -> None:
     """Measure the ``top`` fastest schedules so far and the default one again, ``rounds`` times,
     interleaved (every round runs each once), and record the times: the medians then decide."""
@@ -278,11 +305,7 @@ def _validate(task, target, database, builder, runner, top: int, rounds: int) ->
     if len(chosen) < 2:
         return
     mod = _normalize_mod(task.func)
-    schedules = []
-    for record in chosen:
-        sch = Schedule(mod)
-        record.trace.apply_to_schedule(sch, remove_postproc=False)
-        schedules.append(sch)
+    schedules = [_replay(record.trace, task.func) for record in chosen]
     built = builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     args_info = ms.arg_info.ArgInfo.from_prim_func(task.func)
     ok = [i for i, b in enumerate(built) if not b.error_msg]
@@ -305,12 +328,13 @@ def _validate(task, target, database, builder, runner, top: int, rounds: int) ->
 def _summary(database, task) -> TaskResult:
     records = _records(database, task.func)
     failed = sum(_seconds(r) >= FAILED for r in records)
-    ranked = _ranked(records)
-    sch = default_schedule(_normalize_mod(task.func)["main"])
+    func = _normalize_mod(task.func)["main"]
+    ranked, best = _ranked(records), _best(records, func)
+    sch = default_schedule(func)
     default = [t for rec, t, _ in ranked if sch is not None and str(rec.trace) == str(sch.trace)]
     return TaskResult(task.name, task.shape, str(task.func.attrs["lowprec.intrin"]), max(1, len(task.kernels)),
                       len(records), failed, default[0] * 1e6 if default else None,
-                      ranked[0][1] * 1e6 if ranked else None)
+                      best[1] * 1e6 if best else None, task.batch)
 
 
 def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threads: int | None = None,
@@ -428,12 +452,12 @@ def _shipped(path: str):
 
 
 def _best_records(database, key) -> dict:
-    """``key(record)`` -> the best record (by median, :func:`_ranked`) among those with that key."""
+    """``key(record)`` -> the best record (:func:`_best`) among those with that key."""
     groups: dict = {}
     for record in database.get_all_tuning_records():
         groups.setdefault(key(record), []).append(record)
-    ranked = {k: _ranked(records) for k, records in groups.items()}
-    return {k: r[0][0] for k, r in ranked.items() if r}
+    best = {k: _best(records, records[0].workload.mod["main"]) for k, records in groups.items()}
+    return {k: b[0] for k, b in best.items() if b}
 
 
 def export_best(database, dest) -> int:
@@ -469,14 +493,13 @@ def database_lookup(database, spec, num_threads: int | None = None):
         if not is_tunable(func):
             return None
         mod = _normalize_mod(func)
-        ranked = _ranked(_records(database, func))
+        best = _best(_records(database, func), mod["main"])
         # no record of its own: a kernel differing only in its constants
-        record = ranked[0][0] if ranked else by_key().get(schedule_key(func))
+        record = best[0] if best else by_key().get(schedule_key(func))
         if record is None:
             return None
-        sch = Schedule(mod)
         try:
-            record.trace.apply_to_schedule(sch, remove_postproc=False)
+            sch = _replay(record.trace, func)
         except Exception as err:  # noqa: BLE001 - a record that does not fit: the default rules
             log.warning("tuning record for %s does not apply (%s); default schedule", func.attrs.get("global_symbol", "?"),
                         str(err).splitlines()[-1])
