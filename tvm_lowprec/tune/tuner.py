@@ -482,7 +482,6 @@ def database_lookup(database, spec, num_threads: int | None = None):
     if database is None:
         return None
     database = _as_database(database)
-    target_ = tuning_target(spec, num_threads)
 
     @functools.cache
     def by_key() -> dict:
