@@ -145,8 +145,8 @@ def _kernels(mod, spec, requant_mode, fast_math):
 
 
 def untunable_kernels(mod, spec, requant_mode: str = "float", fast_math: bool = True, kernels=None) -> list[str]:
-    """Integer kernels of ``mod`` that no search space covers yet (batched GEMMs, depthwise and
-    im2col kernels): they keep their default schedules. ``kernels``: already made by :func:`_kernels`."""
+    """Integer kernels of ``mod`` that no search space covers yet (run-time weight packing, im2col,
+    depthwise): they keep their default schedules. ``kernels``: already made by :func:`_kernels`."""
     kernels = kernels if kernels is not None else _kernels(mod, spec, requant_mode, fast_math)
     return sorted(name for name, f in kernels if f.attrs is not None and "lowprec.op" in f.attrs and not is_tunable(f))
 
@@ -221,23 +221,42 @@ def _builder(timeout_sec: float):
                                    initializer=_tvmscript.import_tensor_intrinsics)
 
 
+def _measure(schedules, func, target, builder, runner, rounds: int = 1) -> list[list[float]]:
+    """Build ``schedules`` once and run each ``rounds`` times, interleaved (every round runs each
+    once): the times measured per schedule, empty where it failed to build or run."""
+    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    for b in built:
+        if b.error_msg:
+            log.warning("%s: a schedule failed to build: %s", func.attrs.get("global_symbol", "?"),
+                        b.error_msg.splitlines()[-1])
+    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+    ok = [i for i, b in enumerate(built) if not b.error_msg]
+    times: list[list[float]] = [[] for _ in schedules]
+    for _ in range(rounds):
+        futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", args_info) for i in ok])
+        for i, future in zip(ok, futures):
+            result = future.result()
+            if result.error_msg is None:
+                times[i] += [float(x) for x in result.run_secs]
+    for b in built:
+        if b.artifact_path:
+            shutil.rmtree(Path(b.artifact_path).parent, ignore_errors=True)
+    return times
+
+
+def _commit(database, func, trace, run_secs, target) -> None:
+    workload = database.commit_workload(_normalize_mod(func))
+    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+    database.commit_tuning_record(ms.database.TuningRecord(trace, workload, run_secs, target, args_info))
+
+
 def _measure_default(task, target, database, builder, runner) -> None:
-    """Build and run the default schedule and commit it as the kernel's first record."""
+    """Build and run the default schedule and commit it as the kernel's first record (a failure as
+    MetaSchedule records one: 1e10 s)."""
     sch = default_schedule(_normalize_mod(task.func)["main"])
-    if sch is None:
-        return
-    args_info = ms.arg_info.ArgInfo.from_prim_func(task.func)
-    (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
-    if built.error_msg:
-        run_secs = [1e10]
-        log.warning("%s: the default schedule failed to build: %s", task.name, built.error_msg.splitlines()[-1])
-    else:
-        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args_info)])
-        result = future.result()
-        run_secs = [float(s) for s in result.run_secs] if result.error_msg is None else [1e10]
-        shutil.rmtree(Path(built.artifact_path).parent, ignore_errors=True)
-    workload = database.commit_workload(_normalize_mod(task.func))
-    database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs, target, args_info))
+    if sch is not None:
+        (times,) = _measure([sch], task.func, target, builder, runner)
+        _commit(database, task.func, sch.trace, times or [1e10], target)
 
 
 def _seconds(record) -> float:
@@ -271,18 +290,23 @@ def _ranked(records) -> list[tuple]:
                   key=lambda item: (validated and not item[2], item[1]))
 
 
-def _best(records, func):
+def _default_trace(func) -> str | None:
+    """The default schedule's trace text (how its records are recognised), or None."""
+    sch = default_schedule(func)
+    return str(sch.trace) if sch is not None else None
+
+
+def _best(records, func, ranked=None, default=None):
     """(record, median seconds) of the schedule ``compile`` should use, or None: the first of
     :func:`_ranked`, except that the validated default schedule stays unless the winner's median is at
     least :data:`MIN_GAIN` faster (differences smaller than that are this machine's noise, and swapping
-    on them made kernels slower as often as faster)."""
-    ranked = _ranked(records)
+    on them made kernels slower as often as faster). ``ranked``, ``default``: already computed."""
+    ranked = ranked if ranked is not None else _ranked(records)
     if not ranked:
         return None
-    default = default_schedule(func)
-    text = str(default.trace) if default is not None else None
+    default = default if default is not None else _default_trace(func)
     for record, seconds, validated in ranked:
-        if validated and str(record.trace) == text and ranked[0][1] > seconds * (1 - MIN_GAIN):
+        if validated and str(record.trace) == default and ranked[0][1] > seconds * (1 - MIN_GAIN):
             return record, seconds
     return ranked[0][:2]
 
@@ -298,42 +322,27 @@ def _replay(trace, func) -> Schedule:
 
 def _validate(task, target, database, builder, runner, top: int, rounds: int) -> None:
     """Measure the ``top`` fastest schedules so far and the default one again, ``rounds`` times,
-    interleaved (every round runs each once), and record the times: the medians then decide."""
+    interleaved, and record the times: the medians then decide."""
     ranked = [rec for rec, *_ in _ranked(_records(database, task.func))]
-    default = default_schedule(_normalize_mod(task.func)["main"])
-    chosen = ranked[:top] + [rec for rec in ranked[top:] if default is not None and str(rec.trace) == str(default.trace)]
+    default = _default_trace(_normalize_mod(task.func)["main"])
+    chosen = ranked[:top] + [rec for rec in ranked[top:] if str(rec.trace) == default]
     if len(chosen) < 2:
         return
-    mod = _normalize_mod(task.func)
     schedules = [_replay(record.trace, task.func) for record in chosen]
-    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
-    args_info = ms.arg_info.ArgInfo.from_prim_func(task.func)
-    ok = [i for i, b in enumerate(built) if not b.error_msg]
-    times = {i: [] for i in ok}
-    for _ in range(rounds):
-        futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", args_info) for i in ok])
-        for i, future in zip(ok, futures):
-            result = future.result()
-            if result.error_msg is None:
-                times[i] += [float(x) for x in result.run_secs]
-    for b in built:
-        if b.artifact_path:
-            shutil.rmtree(Path(b.artifact_path).parent, ignore_errors=True)
-    workload = database.commit_workload(mod)
-    for i, secs in times.items():
+    for record, secs in zip(chosen, _measure(schedules, task.func, target, builder, runner, rounds)):
         if secs:
-            database.commit_tuning_record(ms.database.TuningRecord(chosen[i].trace, workload, secs, target, args_info))
+            _commit(database, task.func, record.trace, secs, target)
 
 
 def _summary(database, task) -> TaskResult:
     records = _records(database, task.func)
     failed = sum(_seconds(r) >= FAILED for r in records)
     func = _normalize_mod(task.func)["main"]
-    ranked, best = _ranked(records), _best(records, func)
-    sch = default_schedule(func)
-    default = [t for rec, t, _ in ranked if sch is not None and str(rec.trace) == str(sch.trace)]
+    ranked, default = _ranked(records), _default_trace(func)
+    best = _best(records, func, ranked, default)
+    default_s = [t for rec, t, _ in ranked if str(rec.trace) == default]
     return TaskResult(task.name, task.shape, str(task.func.attrs["lowprec.intrin"]), max(1, len(task.kernels)),
-                      len(records), failed, default[0] * 1e6 if default else None,
+                      len(records), failed, default_s[0] * 1e6 if default_s else None,
                       best[1] * 1e6 if best else None, task.batch)
 
 
