@@ -15,13 +15,16 @@ setup(
         "apache-tvm-ffi==0.1.14.post1",
         "numpy",
         "onnx>=1.16",
+        # imported at run time by MetaSchedule and TVM's RPC (not declared by apache-tvm itself):
+        "cloudpickle",  # popen_pool: the builder and runner workers of every tuning run
         "psutil",  # MetaSchedule's local builder and runner pools
+        "tornado",  # TVM's RPC tracker and server (tune(..., rpc_tracker=...))
         "tqdm",
-        "xgboost",
+        "xgboost",  # MetaSchedule's cost model
     ],
     extras_require={
-        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "tornado"],  # tornado: TVM's RPC tracker
-        "rpc": ["tornado"],
+        # the tests run the benchmarks' code paths too: everything the benchmarks import but torch
+        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl"],
         "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl"],
     },
     entry_points={"console_scripts": ["tvm-lowprec=tvm_lowprec.cli:main"]},

@@ -1,7 +1,9 @@
 """The integer GEMM kernel on every registered target row.
 
-Every case checks the emitted instruction in the assembly (runs everywhere: code generation only);
-where this host has the row's instruction set, the results must equal a numpy int64 reference exactly.
+Every case checks the emitted instruction in the assembly and executes the kernel: natively where
+this host has the row's instruction set, emulated elsewhere (:mod:`tvm_lowprec.emulation`); either
+way the results must equal a numpy int64 reference exactly. Where the host runs a row natively,
+the emulated build must give the same results as the native one.
 """
 
 import numpy as np
@@ -13,7 +15,7 @@ from tvm_lowprec.quant.requant import requantize_ref
 from tvm_lowprec.quant.zero_points import gemm_corrections
 from tvm_lowprec.schedule import schedule_func
 
-from conftest import TARGETS, runnable
+from conftest import NATIVE, TARGETS, kernel_module
 
 # every (target, recipe) pair: bounded recipes get weights inside their bound
 RECIPES = [(t, r) for t in TARGETS for r in t.recipes()]
@@ -89,7 +91,7 @@ def _reference(a, b, za, zb, bias, mult, ep, fbias=None):
     return requantize_ref(acc, mult, ep.zero_point, ep.out_dtype, ep.qmin, ep.qmax, mode=ep.mode)
 
 
-def run_case(spec, rng, shape, operands, ep, execute=True, bound=None):
+def run_case(spec, rng, shape, operands, ep, bound=None, emulate=False):
     from tvm_lowprec.quant.zero_points import signed_weights
 
     m, n, k = shape
@@ -102,15 +104,13 @@ def run_case(spec, rng, shape, operands, ep, execute=True, bound=None):
     problem = QGemmProblem(m, n, k, a_dtype, ep, row_term=bool(np.any(np.asarray(zb) - b_off)))
     layout, ex = _build(spec, problem, signed_weights(b)[0])
     _check_instruction(spec, layout, ex)
-    if not (execute and runnable(spec)):
-        return None
     corr = gemm_corrections(b, za, zb, layout.a_offset, bias)
     fbias = (rng.standard_normal(n) * 10).astype(np.float32)
     params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, mult, fbias)
     dev = tvm.cpu()
     out = np.zeros((m, n), ep.out_dtype)
     args = [tvm.runtime.tensor(x, dev) for x in [a, pack_weights(corr.b_signed, layout), *params, out]]
-    ex.jit()["qgemm"](*args)
+    kernel_module(ex.mod, spec, emulate)["qgemm"](*args)
     got, want = args[-1].numpy(), _reference(a, b, za, zb, bias, mult, ep, fbias)
     if ep.kind == "float":  # LLVM may contract the multiply-add into one FMA: one rounding fewer
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
@@ -124,6 +124,17 @@ def run_case(spec, rng, shape, operands, ep, execute=True, bound=None):
 def test_shapes(pair, shape, rng):
     spec, recipe = pair
     run_case(_only(spec, recipe), rng, shape, OPERANDS[1], EPILOGUES["requant-u8"], bound=recipe.intrin.weight_pair_bound)
+
+
+@pytest.mark.parametrize("pair", [(t, r) for t in NATIVE for r in t.recipes()], ids=_recipe_id)
+@pytest.mark.parametrize("shape", SHAPES[2:5], ids=lambda s: "x".join(map(str, s)))
+def test_native_and_emulated_agree(pair, shape):
+    """On rows this host runs, the emulated build (the same IR, intrinsics replaced by their
+    semantics) gives exactly the native results: the semantics are checked against the hardware."""
+    spec, recipe = pair
+    runs = [run_case(_only(spec, recipe), np.random.default_rng(7), shape, OPERANDS[2], EPILOGUES["int32"],
+                     bound=recipe.intrin.weight_pair_bound, emulate=emulate) for emulate in (False, True)]
+    np.testing.assert_array_equal(*runs)
 
 
 @pytest.mark.parametrize("pair", RECIPES, ids=_recipe_id)
@@ -145,11 +156,10 @@ def test_bounded_recipe_declines_weights_that_could_saturate(spec, rng):
     assert GemmLayout.choose(problem, spec, None).intrin_row == spec.gemm.name  # runtime weights
 
 
-def test_emulation_rows_are_exact_where_pmaddubsw_saturates(rng):
-    """All-max operands: 255*127*2 overflows int16 pair sums; our AVX2 row must still be exact."""
-    spec = next(t for t in TARGETS if t.name == "x86-avx2")
-    if not runnable(spec):
-        pytest.skip("no AVX2")
+@pytest.mark.parametrize("spec", [t for t in TARGETS if t.bounded], ids=lambda s: s.name)
+def test_exact_rows_are_exact_where_pmaddubsw_saturates(spec):
+    """All-max operands: 255*127*2 overflows int16 pair sums; the rows' default (exact) recipe must
+    still be exact, natively or emulated."""
     m, n, k = 4, 16, 64
     ep = EPILOGUES["int32"]
     problem = QGemmProblem(m, n, k, "uint8", ep)
@@ -160,7 +170,7 @@ def test_emulation_rows_are_exact_where_pmaddubsw_saturates(rng):
     corr = gemm_corrections(b, 0, 0, layout.a_offset)
     params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, None)
     args = [tvm.runtime.tensor(x, tvm.cpu()) for x in [a, pack_weights(corr.b_signed, layout), *params, np.zeros((m, n), np.int32)]]
-    ex.jit()["qgemm"](*args)
+    kernel_module(ex.mod, spec)["qgemm"](*args)
     assert (args[-1].numpy() == 255 * 127 * k).all()
 
 

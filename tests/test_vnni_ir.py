@@ -1,8 +1,8 @@
-"""The VNNI rows cannot run on hosts without VNNI, so their kernels are checked in LLVM IR instead:
-every ``vpdpbusd`` call takes the accumulator, then the 4 activation bytes broadcast to every lane
-(sign-flipped by xor 0x80808080 for int8 activations), then one contiguous load of packed weights.
-With the packing, tiling and epilogue already proven exact by the other rows (the ``vpmaddubsw``
-recipe shares this row's descriptor and layout), this pins down the one instruction that is not run.
+"""The operands of every ``vpdpbusd`` call in the VNNI rows' LLVM IR: the accumulator, then the 4
+activation bytes broadcast to every lane (sign-flipped by xor 0x80808080 for int8 activations), then
+one contiguous load of packed weights. The rows also *run* on every host (natively, or emulated:
+tests/test_emulation.py); this pins down how the instruction is fed, which an emulated run with the
+instruction's own semantics cannot distinguish from an equivalent feeding.
 """
 
 import re

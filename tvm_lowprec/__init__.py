@@ -17,6 +17,7 @@ from __future__ import annotations
 from . import _threads  # noqa: F401  (sizes TVM's thread pool before anything runs)
 from . import intrin  # noqa: F401  (registers the tensor intrinsics)
 from .compiled import Compiled, InputSpec, KernelInfo
+from .emulation import EmulationError, emulated_executable, execution_mode
 from .errors import InputError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
 from .frontend.onnx import from_onnx
 from .ptq import QuantConfig, accuracy_report, quantize
@@ -85,7 +86,7 @@ def _tuned_schedules(database, spec, num_threads):
 
 def compile(  # noqa: A001
     mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float", fast_math: bool = True,
-    database=None,
+    database=None, emulate="auto",
 ) -> Compiled:
     """Compile a (quantized) Relax module into integer kernels for ``target``.
 
@@ -109,6 +110,14 @@ def compile(  # noqa: A001
         use the tuned schedule. Kernels without one use the records shipped with tvm-lowprec for the
         target row (``schedules/<row>/``), then the default rules; ``False`` uses the default rules
         only. A database that cannot be read is reported with a warning and ignored.
+    emulate : {"auto", True, False}
+        How to run a row this host lacks the instructions of. ``"auto"``: natively where the host
+        has the row's instruction set, else *emulated*: the same build with each target intrinsic
+        replaced by its documented semantics in generic LLVM IR, run on this CPU
+        (:mod:`tvm_lowprec.emulation`; exact, slow, for checking results, never timed).
+        ``True``: emulated even where native would run (to compare the two). ``False``: never; the
+        compiled model then refuses to run on a host without the instructions. ``Compiled.execution``
+        says which.
 
     Returns
     -------
@@ -126,6 +135,8 @@ def compile(  # noqa: A001
 
     if requant_mode not in _REQUANT_MODES:
         raise ValueError(f"requant_mode must be one of {_REQUANT_MODES}, not {requant_mode!r}")
+    if emulate not in ("auto", True, False):
+        raise ValueError(f"emulate must be 'auto', True or False, not {emulate!r}")
     spec = resolve_target(target)
     tvm_target = spec.tvm_target(num_threads or 2)
     inputs = _input_specs(mod)
@@ -134,11 +145,17 @@ def compile(  # noqa: A001
     with tvm_target:
         lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math, tuned))
     executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
-    return Compiled(executable, lowered, spec, inputs, num_threads=num_threads)
+    mode = execution_mode(spec)
+    if emulate is True or (emulate == "auto" and mode == "emulated"):
+        runnable, report = emulated_executable(lowered, executable, tvm_target)
+        return Compiled(executable, lowered, spec, inputs, num_threads=num_threads, runnable=runnable, emulation=report)
+    return Compiled(executable, lowered, spec, inputs, num_threads=num_threads,
+                    runnable=executable if mode == "native" else None)
 
 
 __all__ = [
     "Compiled",
+    "EmulationError",
     "Epilogue",
     "InputError",
     "InputSpec",
@@ -153,6 +170,7 @@ __all__ = [
     "compile",
     "from_onnx",
     "host_supports",
+    "execution_mode",
     "native_target",
     "quantize",
     "registered_targets",

@@ -99,6 +99,8 @@ def cmd_run(args) -> int:
     _done(t0)
     print(f"\ntarget: {compiled.spec.name} — {compiled.spec.description}\n")
     inputs = _random_inputs(compiled, args.seed)
+    if compiled.execution != "native":
+        return _run_without_timing(compiled, path, inputs, args)
     rows = [{**r, "ms": f"{r['ms']:.4f}", "share": f"{100 * r['share']:.0f}%"} for r in compiled.profile(inputs)]
     print(_table(rows))
     outputs = compiled(inputs)
@@ -113,6 +115,23 @@ def cmd_run(args) -> int:
         rows.append({"runtime": "onnxruntime", "ms": f"{t_ort * 1e3:.3f}", "tvm-lowprec speed-up": f"{t_ort / t_tvm:.2f}"})
     print(f"\nlatency, {args.threads} thread(s), median of {args.repeat} calls:")
     print(_table(rows))
+    return 0
+
+
+def _run_without_timing(compiled, path, inputs, args) -> int:
+    """A row this host runs emulated (or not at all): the kernel table and the outputs against ONNX
+    Runtime, no times (emulated code says nothing about the target's speed)."""
+    print(_table([r.as_row() for r in compiled.kernels()]))
+    if compiled.execution == "none":
+        print(f"\n{compiled.spec.name} cannot run on this host, natively or emulated: compiled only")
+        return 0
+    report = compiled.emulation
+    print(f"\nthis host lacks {compiled.spec.name}'s instructions: ran emulated ({report.total} intrinsic calls "
+          f"replaced by their semantics, retargeted to {report.host_cpu}); no timing")
+    outputs = compiled(inputs)
+    session = _ort_session(path, args.threads, optimized=False)
+    if session is not None:
+        print(f"max |tvm-lowprec - onnxruntime, graph as written (no fusion)|: {_max_diffs(outputs, session.run(None, inputs))}")
     return 0
 
 
@@ -140,14 +159,17 @@ def cmd_tune(args) -> int:
 
 
 def cmd_targets(_args) -> int:
-    from tvm_lowprec.targets import host_supports, native_target, registered_targets
+    from tvm_lowprec.emulation import execution_mode
+    from tvm_lowprec.targets import native_target, registered_targets
 
     rows = [
-        {"name": s.name, "instruction": s.gemm.name, "runs here": "yes" if host_supports(s) else "no", "about": s.description}
+        {"name": s.name, "instruction": s.gemm.name, "here": execution_mode(s), "about": s.description}
         for s in registered_targets().values()
     ]
     print(_table(rows))
-    print(f"\nnative = {native_target().name}")
+    print("\nhere: native = runs on this CPU; emulated = runs with the instructions replaced by their semantics in "
+          "generic code (exact results, not timed); compile-only = code generation only")
+    print(f"native = {native_target().name}")
     return 0
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import InputError
+from .errors import InputError, LowPrecError
 
 
 _POOL_THREADS = None  # what TVM's runtime pool was last configured to by a Compiled
@@ -66,14 +66,38 @@ class Compiled:
     >>> for row in c.kernels(): print(row)                                             # doctest: +SKIP
     """
 
-    def __init__(self, executable, lowered_mod, spec, inputs: Sequence[InputSpec], num_threads: int | None = None):
-        self.executable = executable
+    def __init__(self, executable, lowered_mod, spec, inputs: Sequence[InputSpec], num_threads: int | None = None,
+                 runnable="same", emulation=None):
+        """``runnable``: the executable that runs (the emulated one, or None where this host can run
+        neither); ``emulation``: its :class:`~tvm_lowprec.emulation.EmulationReport`."""
+        self.executable = executable  # the real build: inspect_source shows its code
         self.spec = spec
         self.inputs = tuple(inputs)
         self.num_threads = num_threads
+        self.emulation = emulation
         self._lowered = lowered_mod
         self._device = tvm.cpu()
-        self._vm = relax.VirtualMachine(executable, self._device)
+        self._runnable = executable if runnable == "same" else runnable
+        self._vm = relax.VirtualMachine(self._runnable, self._device) if self._runnable is not None else None
+
+    @property
+    def execution(self) -> str:
+        """``"native"``, ``"emulated"`` (the target's instructions replaced by their semantics in generic
+        code: exact results, meaningless times) or ``"none"`` (this host can run neither)."""
+        if self._runnable is None:
+            return "none"
+        return "emulated" if self.emulation is not None else "native"
+
+    def _require(self, timed: bool = False):
+        if self._runnable is None:
+            from .targets import host_features
+
+            missing = sorted(set(self.spec.features) - set(host_features()))
+            raise LowPrecError(f"this host lacks {missing} for {self.spec.name}, and the build cannot be emulated here; "
+                               "compile for a row this host runs, or run it on a machine that has them")
+        if timed and self.execution == "emulated":
+            raise LowPrecError(f"{self.spec.name} runs emulated on this host (generic code in place of its "
+                               "instructions): its times say nothing about the target; time it on a machine that has them")
 
     # -- running ---------------------------------------------------------------------------------
     def _set_threads(self):
@@ -110,12 +134,14 @@ class Compiled:
         return tvm.runtime.tensor(np.require(value, requirements="C"), self._device)  # keeps 0-d arrays 0-d
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
+        self._require()
         self._set_threads()
         out = self._vm["main"](*self._arguments(args, kwargs))
         return _to_numpy(out)
 
     def benchmark(self, *args, number: int = 10, repeat: int = 5, **kwargs) -> float:
         """Median seconds per call, measured by TVM's time evaluator (no Python overhead)."""
+        self._require(timed=True)
         self._set_threads()
         tensors = self._arguments(args, kwargs)
         timer = self._vm.time_evaluator("main", self._device, number=number, repeat=repeat)
@@ -131,6 +157,7 @@ class Compiled:
         """
         import time
 
+        self._require(timed=True)
         self._set_threads()
         tensors = self._arguments(args, kwargs)
         samples: dict[str, list[float]] = {}
@@ -143,7 +170,7 @@ class Compiled:
                 samples.setdefault(symbol, []).append(time.perf_counter() - started.pop(symbol))
             return 0  # VMInstrumentReturnKind.NO_OP
 
-        vm = relax.VirtualMachine(self.executable, self._device)
+        vm = relax.VirtualMachine(self._runnable, self._device)
         vm.set_instrument(instrument)
         for _ in range(repeat):
             vm["main"](*tensors)
@@ -181,7 +208,8 @@ class Compiled:
         return "\n".join(p for p in parts if p)
 
     def __repr__(self):
-        return f"Compiled(target={self.spec.name}, inputs={[i.name for i in self.inputs]}, kernels={len(self.kernels())})"
+        return (f"Compiled(target={self.spec.name}, execution={self.execution}, inputs={[i.name for i in self.inputs]}, "
+                f"kernels={len(self.kernels())})")
 
 
 def _to_numpy(out) -> list[np.ndarray]:

@@ -52,6 +52,9 @@ class GemmIntrin:
     # most this bound and the negative parts to at least minus it (255 * 128 = 32640 <= 32767).
     # Such a row is used only for constant weights that pass :meth:`accepts`.
     weight_pair_bound: int | None = None
+    # LLVM intrinsic name -> its semantics in generic IR (tvm_lowprec.intrin.semantics), for every
+    # target-specific intrinsic the impl calls: what lets the row run emulated on any x86-64 host
+    emulation: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.lanes * 32 != self.vector_bits:

@@ -22,6 +22,7 @@ from tvm.script import tirx as T
 
 from .._tvmscript import cheap_frame_inspection
 from ..hwspec import AOperand, GemmIntrin
+from .semantics import DotSemantics
 
 _SIGN_FLIP = -2139062144  # 0x80808080 as int32: flips the sign bit of each of 4 packed bytes
 
@@ -118,6 +119,22 @@ def _pmaddwd_impl(lanes: int, llvm_name: str, b_dtype: str):
     return impl
 
 
+# The instructions' documented semantics (Intel SDM), for emulated execution on hosts without them.
+def _vpdpbusd_semantics(lanes: int) -> DotSemantics:
+    """VPDPBUSD: each int32 lane += four u8 x s8 products, wrapping (the non-saturating form)."""
+    return DotSemantics(lanes, 4, 8, 32, a_ext="zext", b_ext="sext", accumulate=True)
+
+
+def _pmaddwd_semantics(lanes: int) -> DotSemantics:
+    """VPMADDWD: each int32 lane = two s16 x s16 products summed (wraps only for 4 x -32768)."""
+    return DotSemantics(lanes, 2, 16, 32, a_ext="sext", b_ext="sext")
+
+
+def _pmaddubsw_semantics(lanes16: int) -> DotSemantics:
+    """VPMADDUBSW: each int16 lane = two u8 x s8 products summed, saturated to int16."""
+    return DotSemantics(lanes16, 2, 8, 16, a_ext="zext", b_ext="sext", saturate=True)
+
+
 def _register(name, desc, impl):
     TensorIntrin.register(name, desc, impl, override=True)
     return name
@@ -129,7 +146,8 @@ def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) 
         iname = f"lowprec_{name}_{a_dtype}_{lanes}x4"
         _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _u8_broadcast_impl(lanes, a_dtype, _vpdpbusd(lanes, llvm_name)))
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
-    return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features)
+    return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features,
+                      emulation={llvm_name: _vpdpbusd_semantics(lanes)})
 
 
 def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
@@ -142,7 +160,8 @@ def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...
         )
     # both activation dtypes are widened to int16 by the kernel's prepare step: no offset needed
     operand = AOperand(storage="int16", offset=0, intrin=names["int8"], intrin_wide_b=names["int16"])
-    return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features)
+    return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features,
+                      emulation={llvm_name: _pmaddwd_semantics(lanes)})
 
 
 def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features: tuple[str, ...]) -> GemmIntrin:
@@ -152,7 +171,9 @@ def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features
         product = _pmaddubsw(lanes, llvm_ubsw, llvm_wd)
         _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _u8_broadcast_impl(lanes, a_dtype, product))
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
-    return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features, weight_pair_bound=128)
+    emulation = {llvm_ubsw: _pmaddubsw_semantics(lanes * 2), llvm_wd: _pmaddwd_semantics(lanes)}
+    return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features, weight_pair_bound=128,
+                      emulation=emulation)
 
 
 # TVMScript parses 24 prim_funcs here: without the cheap frame inspection that costs seconds.

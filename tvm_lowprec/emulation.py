@@ -1,0 +1,192 @@
+"""Emulated execution: run kernels built for a target row on a host that lacks its instructions.
+
+qemu implements neither VNNI nor AVX-512, so x86 rows are emulated at the LLVM IR level instead:
+
+1. take the LLVM IR of the real build (the same optimized module whose assembly the tests inspect);
+2. replace every call of a target-specific intrinsic (``@llvm.x86.*``) by an internal function with
+   the instruction's documented semantics in generic IR (:mod:`tvm_lowprec.intrin.semantics`; each
+   row declares them in :attr:`~tvm_lowprec.hwspec.GemmIntrin.emulation`);
+3. retarget the module to the host CPU: the functions' ``"target-cpu"``/``"target-features"`` and the
+   ``tvm_target`` module flag that TVM's loader reads (leaving the flag makes LLVM select for the
+   original CPU: SIGILL);
+4. load it with TVM's own LLVM IR loader (``tvm_ffi.load_module("x.ll")``) and, for a model, link it
+   into a Relax VM executable in place of the real kernel library.
+
+Everything but the replaced instructions is the real build: packing order, tiles, tails, the
+epilogue. Every emulated build reports how many calls it replaced against how many calls of each
+intrinsic the real build has, and refuses to run an IR with an intrinsic it has no semantics for.
+Emulated code is generic and slow: it checks results, it is never timed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Mapping
+
+from .errors import LowPrecError
+
+EMULATED_PREFIX = "lowprec.emu."
+_TARGET_INTRINSIC = re.compile(r"@(llvm\.x86\.[\w.]+)\(")
+_MODULE_FLAG = re.compile(r'(!\{i32 \d+, !"tvm_target", !")((?:[^"\\]|\\.)*)("\})')
+
+
+class EmulationError(LowPrecError):
+    """The build cannot be emulated here (an intrinsic without semantics, a non-x86 host)."""
+
+
+@dataclass(frozen=True)
+class EmulationReport:
+    """What one emulated build replaced.
+
+    Attributes
+    ----------
+    host_cpu : str
+        The LLVM CPU the module was retargeted to.
+    found : dict
+        LLVM intrinsic -> calls of it in the real build's IR.
+    replaced : dict
+        LLVM intrinsic -> calls replaced by its generic-IR semantics in the emulated IR.
+    """
+
+    host_cpu: str
+    found: Mapping[str, int]
+    replaced: Mapping[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.replaced.values())
+
+    def check(self) -> "EmulationReport":
+        """Raise unless every call of the real build was replaced (a mismatch would mean code ran
+        natively that the host may lack, or that the counting is wrong)."""
+        if dict(self.found) != dict(self.replaced):
+            raise EmulationError(f"replaced {dict(self.replaced)} calls, the real build has {dict(self.found)}")
+        return self
+
+
+def host_cpu() -> str:
+    import tvm
+
+    return str(tvm.target.codegen.llvm_get_system_cpu())
+
+
+def _host_is_x86_64() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+@functools.lru_cache(maxsize=1)
+def known_semantics() -> dict:
+    """LLVM intrinsic -> semantics, from every registered target row's intrinsics."""
+    from .targets import registered_targets
+
+    table = {}
+    for spec in registered_targets().values():
+        for recipe in spec.recipes():
+            table.update(recipe.intrin.emulation)
+    return table
+
+
+def execution_mode(spec) -> str:
+    """``"native"`` (this host has the row's instruction set), ``"emulated"`` (it can run the row
+    through :func:`emulated_ir`) or ``"compile-only"``."""
+    from .targets import host_supports
+
+    if host_supports(spec):
+        return "native"
+    needed = set()
+    for recipe in spec.recipes():
+        if not recipe.intrin.emulation:
+            return "compile-only"
+        needed |= set(recipe.intrin.emulation)
+    return "emulated" if _host_is_x86_64() and needed <= set(known_semantics()) else "compile-only"
+
+
+def count_intrinsic_calls(ll: str) -> dict:
+    """Target-specific intrinsic -> number of call sites in an LLVM IR module's text."""
+    counts: dict[str, int] = {}
+    for line in ll.splitlines():
+        if line.lstrip().startswith("declare"):
+            continue
+        for name in _TARGET_INTRINSIC.findall(line):
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _retarget_flag(match, cpu: str) -> str:
+    text = match.group(2).replace("\\22", '"').replace("\\5C", "\\")
+    target = json.loads(text)
+    target["mcpu"] = cpu
+    target.pop("mattr", None)  # the host CPU's own features
+    encoded = json.dumps(target, separators=(",", ":")).replace("\\", "\\5C").replace('"', "\\22")
+    return match.group(1) + encoded + match.group(3)
+
+
+def emulated_ir(ll: str, semantics: Mapping[str, object] | None = None, cpu: str | None = None):
+    """The LLVM IR ``ll`` with every target intrinsic replaced by its semantics, retargeted to ``cpu``
+    (default: this host). Returns ``(ir, EmulationReport)``.
+
+    ``semantics`` (LLVM intrinsic -> object with ``llvm_ir(name)``) defaults to
+    :func:`known_semantics`; pass a modified table to test that a wrong semantics is caught.
+    """
+    semantics = known_semantics() if semantics is None else semantics
+    cpu = cpu or host_cpu()
+    found = count_intrinsic_calls(ll)
+    missing = sorted(set(found) - set(semantics))
+    if missing:
+        raise EmulationError(f"no emulated semantics for {missing}: add them beside the intrinsic that calls them")
+    replaced, definitions = {}, []
+    for name in sorted(found):
+        ll = re.sub(rf"^declare [^\n]*@{re.escape(name)}\([^\n]*$", "", ll, flags=re.M)
+        ll, replaced[name] = re.subn(rf"@{re.escape(name)}\(", f"@{EMULATED_PREFIX}{name[len('llvm.'):]}(", ll)
+        definitions.append(semantics[name].llvm_ir(EMULATED_PREFIX + name[len("llvm."):]))
+    ll = re.sub(r'"target-cpu"="[^"]*"', f'"target-cpu"="{cpu}"', ll)
+    ll = re.sub(r'"target-features"(="[^"]*")?', '"target-features"=""', ll)
+    ll, flags = _MODULE_FLAG.subn(lambda m: _retarget_flag(m, cpu), ll)
+    if flags != 1:
+        raise EmulationError(f"expected one tvm_target module flag in the LLVM IR, found {flags}")
+    left = count_intrinsic_calls(ll)
+    if left:
+        raise EmulationError(f"target intrinsics left after emulation: {left}")
+    return ll + "\n" + "\n".join(definitions), EmulationReport(cpu, found, replaced)
+
+
+def load_emulated(lib, semantics=None):
+    """A runtime module equivalent to ``lib`` (a TVM LLVM library module, e.g. ``tvm.compile(prim_mod,
+    target).mod``) with its target intrinsics emulated on this host. Returns ``(module, report)``."""
+    import tvm_ffi
+
+    if not _host_is_x86_64():
+        raise EmulationError(f"x86 rows are emulated on x86-64 hosts only, not {platform.machine()}")
+    ir, report = emulated_ir(lib.inspect_source("ll"), semantics)
+    with tempfile.TemporaryDirectory(prefix="lowprec-emu-") as tmp:
+        path = os.path.join(tmp, "kernels.ll")
+        with open(path, "w") as f:
+            f.write(ir)
+        module = tvm_ffi.load_module(path)  # TVM's LLVM IR loader parses the file here
+    return module, report.check()
+
+
+def emulated_executable(lowered, executable, target, semantics=None):
+    """A Relax VM executable running ``lowered`` (the module ``tvm.compile`` made ``executable``
+    from) with the kernel library of ``executable`` emulated. Returns ``(executable, report)``."""
+    from tvm import relax
+    from tvm.relax import vm_build
+
+    kernel_libs = [m for m in executable.mod.imports if m.kind == "llvm"]
+    if len(kernel_libs) != 1:
+        raise EmulationError(f"expected one LLVM kernel library in the executable, found {len(kernel_libs)}")
+    module, report = load_emulated(kernel_libs[0], semantics)
+    attrs = dict(lowered.attrs) if lowered.attrs else {}
+    if attrs.get("external_mods"):
+        raise EmulationError("modules with external (BYOC) libraries cannot be emulated")
+    builder = relax.ExecBuilder()
+    vm_build._vmcodegen(builder, lowered, "bytecode")  # the same bytecode tvm.compile emitted
+    params = dict(attrs.get("const_name_to_constant", {}))
+    linked = vm_build._ffi_api.VMLink(builder, target, module, [], params)
+    return vm_build.VMExecutable(linked), report
