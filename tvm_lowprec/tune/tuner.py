@@ -16,6 +16,7 @@ a TVM RPC tracker (``rpc_tracker="host:port", rpc_key=...``).
 from __future__ import annotations
 
 import functools
+import contextlib
 import logging
 import shutil
 import socket
@@ -393,13 +394,13 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
             _measure_default(task, target_, database, builder, runner)
         search, _ = _work_left(database, task, trials)
         if search > 0:
-            _quiet_metaschedule()  # each tune_tir's log setup raises the level again
-            ms.tune_tir(
-                _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
-                max_trials_global=search, num_trials_per_iter=min(search, 16),
-                builder=builder, runner=runner, database=database, cost_model="xgb",
-                space=space_generator(), strategy=_search(trials), num_tuning_cores=1,
-            )
+            with _metaschedule_logging():
+                ms.tune_tir(
+                    _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
+                    max_trials_global=search, num_trials_per_iter=min(search, 16),
+                    builder=builder, runner=runner, database=database, cost_model="xgb",
+                    space=space_generator(), strategy=_search(trials), num_tuning_cores=1,
+                )
         if _work_left(database, task, trials)[1]:
             _validate(task, target_, database, builder, runner, VALIDATE_TOP, VALIDATE_ROUNDS)
     measured = sum(records_of(database, t.func) for t in tasks) - before
@@ -418,13 +419,25 @@ def _work_left(database, task, trials: int) -> tuple[int, bool]:
     return max(0, search), bool(validation) and len(records) == distinct
 
 
-def _quiet_metaschedule() -> None:
-    """MetaSchedule's own tables go to ``work_dir/logs``, not the console, unless the user set its
-    logger's level. (Its log setup raises that logger to DEBUG, so the choice is remembered.)"""
+@contextlib.contextmanager
+def _metaschedule_logging():
+    """Around one ``tune_tir``: MetaSchedule's own tables go to ``work_dir/logs``, not the console,
+    unless the user set its logger's level (its log setup raises that logger to DEBUG, so the choice
+    is remembered); and handlers without a name are detached meanwhile. TVM's log setup re-lists
+    every handler of its logger by name in a ``logging.config.dictConfig`` and fails on one without
+    (``'NoneType' object has no attribute 'format'``): pytest's log capture attaches two."""
     logger = logging.getLogger("tvm.s_tir.meta_schedule")
     if logger.level == logging.NOTSET or getattr(logger, "_lowprec_quiet", False):
         logger.setLevel(logging.WARNING)
         logger._lowprec_quiet = True
+    unnamed = [h for h in logger.handlers if h.get_name() is None]
+    for handler in unnamed:
+        logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in unnamed:
+            logger.addHandler(handler)
 
 
 def _search(trials: int):
