@@ -152,7 +152,7 @@ def cmd_tune(args) -> int:
         print(f"tvm-lowprec tune: {err}", file=sys.stderr)
         return 2
     print(result.table())
-    print(f"\nrecords: {result.work_dir}/ — use them with tvm_lowprec.compile(mod, {result.target!r}, "
+    print(f"\nrecords: {result.work_dir}/ — use them with tvm_lowprec.compile(mod, {args.target!r}, "
           f"database={str(result.work_dir)!r}) or tvm-lowprec run {args.model} --target {args.target} "
           f"--database {result.work_dir}")
     return 0
