@@ -5,12 +5,18 @@ Examples
 --------
 python benchmarks/matmul_grid.py --quick
 python benchmarks/matmul_grid.py --providers tvm-lowprec,ort-qlinearmatmul --threads 1 --shapes 1x768x3072
+python benchmarks/matmul_grid.py --providers tvm-lowprec,ort-qlinearmatmul --threads 1 --measure-peak \
+    --shapes 1024x1024x1024,16x3072x768,1x4096x4096 --out benchmarks/results/matmul-predicted
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
+import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -33,6 +39,33 @@ DEFAULT_SHAPES = SQUARE + TRANSFORMER
 QUICK_SHAPES = [(256, 256, 256), (1, 3072, 768), (128, 768, 3072)]
 DEFAULT_PROVIDERS = ["tvm-lowprec", "tvm-lowprec-int8w", "ort-qlinearmatmul", "ort-matmulinteger", "torch-qlinear", "torch-int-mm",
                      "numpy-fp32"]
+
+PEAK_DIR = Path(__file__).resolve().parent / "peak"
+# intrinsic row -> (peak program, the label of its figure in the program's output)
+PEAK_PROGRAMS = {
+    "vpmaddubsw_ymm": ("peak_avx2.c", "vpmaddubsw ymm"),
+    "vpmaddwd_ymm": ("peak_avx2.c", "vpmaddwd ymm"),
+}
+
+
+def measure_peak(reps: int = 3) -> tuple[float, str]:
+    """``(GOPS, description)``: the best of ``reps`` one-thread runs of the peak program for the host
+    row's first recipe (the one the benchmark's 7-bit weights take)."""
+    from tvm_lowprec.targets import native_target
+
+    intrin = native_target().recipes()[0].intrin.name
+    if intrin not in PEAK_PROGRAMS:
+        raise SystemExit(f"no peak program for {intrin}; pass --peak-gops")
+    source, label = PEAK_PROGRAMS[intrin]
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise SystemExit("--measure-peak needs gcc")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "peak"
+        subprocess.run([compiler, "-O2", "-mavx2", "-pthread", str(PEAK_DIR / source), "-o", str(exe)], check=True)
+        out = subprocess.run([str(exe), "1", str(reps)], check=True, capture_output=True, text=True).stdout
+    figures = [float(x) for x in re.findall(rf"{re.escape(label)}: ([\d.]+) GOPS", out)]
+    return max(figures), f"measured: best of {reps} runs of peak/{source}, {label}"
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -57,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/matmul"), help="output folder")
     parser.add_argument("--peak-gops", type=float, default=None,
                         help="peak GOPS of one thread; adds a %% of peak column")
+    parser.add_argument("--measure-peak", action="store_true",
+                        help="measure the peak of one thread with peak/peak_avx2.c (host's first recipe)")
+    parser.add_argument("--predict", action=argparse.BooleanOptionalAction, default=True,
+                        help="add llvm-mca predictions (tvm_lowprec.perfmodel; default on)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the input data")
     return parser
 
@@ -67,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     grid = bench.Benchmark(name="Quantized GEMM (uint8 x int8)" + (" — quick" if args.quick else ""),
                            shapes=tuple(shapes), providers=tuple(args.providers), threads=tuple(args.threads))
     timing = bench.QUICK_TIMING if args.quick else bench.DEFAULT_TIMING
-    bench.run_benchmark(grid, args.out, peak_gops=args.peak_gops, timing=timing, seed=args.seed)
+    peak, source = args.peak_gops, "given" if args.peak_gops else ""
+    if args.measure_peak:
+        peak, source = measure_peak()
+        print(f"peak: {peak:.1f} GOPS per thread ({source})", file=sys.stderr)
+    bench.run_benchmark(grid, args.out, peak_gops=peak, timing=timing, seed=args.seed, predict=args.predict,
+                        peak_source=source)
     print((args.out / "report.md").read_text())
     return 0
 

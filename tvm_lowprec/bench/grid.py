@@ -30,6 +30,9 @@ POINT_ERRORS: tuple[type[BaseException], ...] = (
     RuntimeError, ValueError, TypeError, NotImplementedError, AttributeError, ImportError, MemoryError, OSError,
 )
 MAX_STEP_DIFF = 1  # tvm-lowprec may differ from ORT's QLinearMatMul by one rounding step
+# Rows this host cannot time, predicted by llvm-mca (tvm_lowprec.perfmodel) in every report with predictions.
+PREDICTED_ROWS = ("x86-avx512-vnni", "x86-avx-vnni")
+PREDICTED_SHAPES: tuple[Shape, ...] = ((1024, 1024, 1024), (16, 3072, 768), (1, 4096, 4096))
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,40 @@ def _log_row(row: dict, log: Callable[[str], None]) -> None:
     log(f"[t={row['threads']}] {row['M']}x{row['N']}x{row['K']} {row['provider']}: {row['status']} {value}")
 
 
+def _prediction_dict(p) -> dict:
+    keys = ("target", "intrin", "mca_cpu", "sched_model", "shape", "tile", "cycles_per_iteration",
+            "intrinsics_per_iteration", "ceiling_per_cycle", "fraction", "padding_efficiency")
+    return {key: getattr(p, key) for key in keys + ("cycles_per_k_step",)}
+
+
+def predict_points(shapes, rows=PREDICTED_ROWS, row_shapes=PREDICTED_SHAPES) -> dict:
+    """llvm-mca predictions (:func:`tvm_lowprec.perfmodel.predict`) for the report.
+
+    Returns
+    -------
+    dict
+        ``host``: this host's ``native`` row at ``shapes`` (its first recipe, the one 7-bit weights
+        take, on its default llvm-mca CPU); ``rows``: each of ``rows`` at ``row_shapes`` on every CPU
+        model listed for it; ``error``: why there are none (llvm-mca missing, ...), else ``""``.
+    """
+    from ..perfmodel import McaError, mca_cpus, predict
+    from ..targets import native_target, registered_targets
+
+    try:
+        host = native_target()
+        out = {"host": [_prediction_dict(predict(host, *shape)) for shape in shapes], "rows": [], "error": ""}
+        for name in rows:
+            spec = registered_targets()[name]
+            out["rows"] += [_prediction_dict(predict(spec, *shape, mca_cpu=cpu))
+                            for cpu in mca_cpus(spec) for shape in row_shapes]
+    except (McaError, RuntimeError, KeyError) as err:
+        return {"host": [], "rows": [], "error": _error_text(err)}
+    return out
+
+
 def run_benchmark(bench: Benchmark, out_dir, peak_gops: float | None = None, timing: Timing = DEFAULT_TIMING,
-                  seed: int = 0, log: Callable[[str], None] | None = None) -> list[dict]:
+                  seed: int = 0, log: Callable[[str], None] | None = None, predict: bool = False,
+                  peak_source: str = "") -> list[dict]:
     """Measure every point of ``bench`` and write the reports into ``out_dir``.
 
     Parameters
@@ -129,6 +164,11 @@ def run_benchmark(bench: Benchmark, out_dir, peak_gops: float | None = None, tim
         Seed of the input data.
     log : callable, optional
         Receives one progress line per point; default prints to stderr.
+    predict : bool
+        Add llvm-mca predictions (:func:`predict_points`): a predicted % of peak and the model's
+        error for this host's row, and a section for the rows this host cannot run.
+    peak_source : str
+        Where ``peak_gops`` comes from, for the report.
 
     Returns
     -------
@@ -154,7 +194,8 @@ def run_benchmark(bench: Benchmark, out_dir, peak_gops: float | None = None, tim
     meta = collect_metadata(
         benchmark=asdict(bench), threads=list(bench.threads), timing=asdict(timing), seed=seed,
         data=DATA_DESCRIPTION, loadavg_start=loadavg_start,
-        peak_gops_per_thread=peak_gops, compiled_targets=sorted({r["target"] for r in rows if r["target"]}),
+        peak_gops_per_thread=peak_gops, peak_source=peak_source,
+        predictions=predict_points(bench.shapes) if predict else None, compiled_targets=sorted({r["target"] for r in rows if r["target"]}),
         providers={name: {"available": ok, "reason": why} for name, (ok, why) in availability.items()})
     write_reports(rows, meta, Path(out_dir))
     return rows

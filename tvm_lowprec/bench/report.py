@@ -73,13 +73,30 @@ def _ratio(num: dict | None, den: dict | None) -> str:
     return f"{num['gops'] / den['gops']:.2f}"
 
 
+def _host_predictions(meta: dict) -> dict[tuple[int, int, int], dict]:
+    """Shape -> this host's llvm-mca prediction (empty without predictions)."""
+    predictions = meta.get("predictions") or {}
+    return {tuple(p["shape"]): p for p in predictions.get("host", [])}
+
+
+def _predicted_pct(p: dict) -> float:
+    """The micro-kernel's predicted fraction times the padding efficiency, in percent."""
+    return 100.0 * p["fraction"] * p["padding_efficiency"]
+
+
 def _table(rows: list[dict], meta: dict, threads: int) -> list[str]:
     providers, main, peak_provider = _columns(meta)
     label = "tvm" if main == "tvm-lowprec" else main
     peers = [p for p in providers if main and p != main]
+    predicted = _host_predictions(meta) if main else {}
     header = ["M×N×K", *providers, *(f"{label} / {p}" for p in peers)]
     if peak_provider:
         header.append(f"% peak ({peak_provider})")
+    if predicted:
+        cpus = sorted({p["mca_cpu"] for p in predicted.values()})
+        header.append(f"predicted % peak (llvm-mca {', '.join(cpus)})")
+        if peak_provider:
+            header.append("model error (pp)")
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     by_point = {(r["M"], r["N"], r["K"], r["provider"]): r for r in rows if r["threads"] == threads}
     for shape in dict.fromkeys((r["M"], r["N"], r["K"]) for r in rows):
@@ -88,6 +105,9 @@ def _table(rows: list[dict], meta: dict, threads: int) -> list[str]:
         cells += [_ratio(point[main], point[p]) for p in peers]
         if peak_provider:
             cells.append(_peak_cell(point[peak_provider], meta["peak_gops_per_thread"] * threads))
+        if predicted:
+            cells += _prediction_cells(predicted.get(shape), point[main] if peak_provider else None,
+                                       (meta.get("peak_gops_per_thread") or 0) * threads, bool(peak_provider))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -96,6 +116,51 @@ def _peak_cell(row: dict | None, peak: float) -> str:
     if row is None or row["status"] not in _MEASURED:
         return "—"
     return f"{100.0 * row['gops'] / peak:.1f}%"
+
+
+def _prediction_cells(p: dict | None, row: dict | None, peak: float, with_error: bool) -> list[str]:
+    """Predicted % of peak and (when measured against a peak) predicted minus measured, in points."""
+    if p is None:
+        return ["—", "—"] if with_error else ["—"]
+    cells = [f"{_predicted_pct(p):.1f}%"]
+    if with_error:
+        measured = row is not None and row["status"] in _MEASURED and peak
+        cells.append(f"{_predicted_pct(p) - 100.0 * row['gops'] / peak:+.1f}" if measured else "—")
+    return cells
+
+
+def _tile(p: dict) -> str:
+    mr, nr, kblock = p["tile"]
+    return f"{mr}x{nr}" + (f"/k{kblock}" if kblock else "")
+
+
+def _predicted_section(meta: dict) -> list[str]:
+    """The rows this host cannot run, predicted by llvm-mca; and what the predictions are."""
+    predictions = meta.get("predictions")
+    if not predictions:
+        return []
+    lines = ["", "## Predicted by llvm-mca (static model of the micro-kernel's inner loop)", ""]
+    if predictions.get("error"):
+        return lines + [f"No predictions: {predictions['error']}"]
+    lines += [
+        "Predicted % of peak = (intrinsic instructions per iteration / llvm-mca cycles per iteration) / "
+        "(intrinsic instructions per cycle of a synthetic block of independent accumulators on the same "
+        "model), times the padding efficiency M·N·K / (Mp·Np·Kp). The model sees the loop body on the "
+        "ports (loads, broadcasts, spills, dependency chains, dispatch width) and **ignores memory**: every "
+        "load hits L1, and the epilogue, K-block C traffic and threading are outside it. The error column "
+        "above is predicted minus measured, in percentage points of peak. Host predictions are for the "
+        "row's first recipe (the one the benchmark's 7-bit weights take).", ""]
+    shapes = list(dict.fromkeys(tuple(p["shape"]) for p in predictions["rows"]))
+    header = ["row", "llvm-mca CPU (model)", *("x".join(map(str, s)) for s in shapes)]
+    lines += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * len(shapes)]
+    grouped: dict[tuple[str, str, str], dict] = {}
+    for p in predictions["rows"]:
+        grouped.setdefault((p["target"], p["mca_cpu"], p["sched_model"]), {})[tuple(p["shape"])] = p
+    for (target, cpu, model), by_shape in grouped.items():
+        cells = [f"{_predicted_pct(by_shape[s]):.1f}% ({_tile(by_shape[s])})" if s in by_shape else "—"
+                 for s in shapes]
+        lines.append(f"| {target} | {cpu} ({model}) | " + " | ".join(cells) + " |")
+    return lines + ["", "Cells: predicted % of peak (tile mr x nr [/ K block])."]
 
 
 def _notes(rows: list[dict]) -> list[str]:
@@ -141,9 +206,11 @@ def render_markdown(rows: list[dict], meta: dict) -> str:
     """The full report: header, one table per thread count, then notes on skipped/failed points."""
     lines = _header(meta)
     if meta.get("peak_gops_per_thread"):
-        lines.append(f"- peak: {meta['peak_gops_per_thread']} GOPS per thread (times the thread count)")
+        source = f" ({meta['peak_source']})" if meta.get("peak_source") else ""
+        lines.append(f"- peak: {meta['peak_gops_per_thread']} GOPS per thread (times the thread count){source}")
     for threads in meta["threads"]:
         lines += ["", f"## threads = {threads}", "", *_table(rows, meta, threads)]
+    lines += _predicted_section(meta)
     notes = _notes(rows)
     if notes:
         lines += ["", "Cells: `n/a` provider unavailable, `err` failed, `!` output differs from ORT "
