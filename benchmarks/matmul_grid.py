@@ -16,8 +16,8 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 # Several runtimes share this process and its two cores: their idle worker threads must sleep, not
@@ -48,24 +48,32 @@ PEAK_PROGRAMS = {
 }
 
 
-def measure_peak(reps: int = 3) -> tuple[float, str]:
-    """``(GOPS, description)``: the best of ``reps`` one-thread runs of the peak program for the host
-    row's first recipe (the one the benchmark's 7-bit weights take)."""
-    from tvm_lowprec.targets import native_target
-
-    intrin = native_target().recipes()[0].intrin.name
-    if intrin not in PEAK_PROGRAMS:
-        raise SystemExit(f"no peak program for {intrin}; pass --peak-gops")
-    source, label = PEAK_PROGRAMS[intrin]
+def _compile_and_run(source: str, args: list[str]) -> str:
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise SystemExit("--measure-peak needs gcc")
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "peak"
         subprocess.run([compiler, "-O2", "-mavx2", "-pthread", str(PEAK_DIR / source), "-o", str(exe)], check=True)
-        out = subprocess.run([str(exe), "1", str(reps)], check=True, capture_output=True, text=True).stdout
-    figures = [float(x) for x in re.findall(rf"{re.escape(label)}: ([\d.]+) GOPS", out)]
-    return max(figures), f"measured: best of {reps} runs of peak/{source}, {label}"
+        return subprocess.run([str(exe), *args], check=True, capture_output=True, text=True).stdout
+
+
+def measure_peak(shapes, reps: int = 3) -> tuple[float, float, str]:
+    """``(GOPS, GB/s, description)``: the best of ``reps`` one-thread runs of the peak program for the
+    host row's first recipe (the one the benchmark's 7-bit weights take), and of ``peak/read_bw.c``
+    over as many bytes as the largest int8 weights of ``shapes`` (the memory side of the roofline)."""
+    from tvm_lowprec.targets import native_target
+
+    intrin = native_target().recipes()[0].intrin.name
+    if intrin not in PEAK_PROGRAMS:
+        raise SystemExit(f"no peak program for {intrin}; pass --peak-gops")
+    source, label = PEAK_PROGRAMS[intrin]
+    out = _compile_and_run(source, ["1", str(reps)])
+    peak = max(float(x) for x in re.findall(rf"{re.escape(label)}: ([\d.]+) GOPS", out))
+    mib = max(n * k for _, n, k in shapes) / 2**20
+    bandwidth = max(float(x) for x in re.findall(r"([\d.]+) GB/s", _compile_and_run("read_bw.c", [f"{mib:.3f}", str(reps)])))
+    return peak, bandwidth, (f"measured: best of {reps} runs of peak/{source}, {label}; read bandwidth: "
+                             f"peak/read_bw.c over {mib:.1f} MiB, the largest weights of the grid")
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -91,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peak-gops", type=float, default=None,
                         help="peak GOPS of one thread; adds a %% of peak column")
     parser.add_argument("--measure-peak", action="store_true",
-                        help="measure the peak of one thread with peak/peak_avx2.c (host's first recipe)")
+                        help="measure one thread's peak (peak/peak_avx2.c, the host's first recipe) and read "
+                             "bandwidth (peak/read_bw.c); adds %% of peak and the roofline prediction")
     parser.add_argument("--predict", action=argparse.BooleanOptionalAction, default=True,
                         help="add llvm-mca predictions (tvm_lowprec.perfmodel; default on)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the input data")
@@ -104,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     grid = bench.Benchmark(name="Quantized GEMM (uint8 x int8)" + (" — quick" if args.quick else ""),
                            shapes=tuple(shapes), providers=tuple(args.providers), threads=tuple(args.threads))
     timing = bench.QUICK_TIMING if args.quick else bench.DEFAULT_TIMING
-    peak, source = args.peak_gops, "given" if args.peak_gops else ""
+    peak, bandwidth, source = args.peak_gops, None, "given" if args.peak_gops else ""
     if args.measure_peak:
-        peak, source = measure_peak()
-        print(f"peak: {peak:.1f} GOPS per thread ({source})", file=sys.stderr)
+        peak, bandwidth, source = measure_peak(shapes)
+        print(f"peak: {peak:.1f} GOPS per thread, read {bandwidth:.1f} GB/s ({source})", file=sys.stderr)
     bench.run_benchmark(grid, args.out, peak_gops=peak, timing=timing, seed=args.seed, predict=args.predict,
-                        peak_source=source)
+                        peak_source=source, read_gbs=bandwidth)
     print((args.out / "report.md").read_text())
     return 0
 

@@ -83,3 +83,19 @@ def test_mca_rejection_names_the_line():
         run_mca("vpaddd %ymm1, %ymm2, %ymm2\nbogus %ymm1\n", "znver3", 10)
     with pytest.raises(McaError, match="vpdpbusd"):  # Zen 3's model has no VNNI
         run_mca("vpdpbusd %zmm1, %zmm2, %zmm3\n", "znver3", 10)
+
+
+def test_roofline_bounds_a_gemv_by_its_weight_stream_and_leaves_a_large_gemm_alone():
+    """1x4096x4096 moves 16 MiB of weights for 33.6 M ops: at 98 GB/s and 1070 GOPS it cannot pass
+    2*4096*4096 / (16.8 MB / 98 GB/s) = 196 GOPS (18% of peak) however good its loop; 1024^3 moves
+    about 3 MiB for 2.1 G ops and stays compute-bound."""
+    vnni = next(t for t in TARGETS if t.name == "x86-avx512-vnni")
+    memory = perfmodel.ROW_MEMORY[vnni.name]
+    gemv = predict(vnni, 1, 4096, 4096, iterations=200)
+    assert gemv.bytes_moved >= 4096 * 4096
+    bound = 2 * 4096 * 4096 / (gemv.bytes_moved / (memory.read_gbs * 1e9)) / (memory.peak_gops * 1e9)
+    assert gemv.with_memory(memory) == pytest.approx(bound) and bound < 0.2 < gemv.gemm_fraction
+    big = predict(vnni, 1024, 1024, 1024, iterations=200)
+    assert big.with_memory(memory) == pytest.approx(big.gemm_fraction)
+    with pytest.raises(ValueError, match="positive"):
+        perfmodel.Memory(0.0, 10.0)

@@ -13,6 +13,7 @@ from .errors import InputError, LowPrecError
 
 
 _POOL_THREADS = None  # what TVM's runtime pool was last configured to by a Compiled
+_SAME = object()  # Compiled(runnable=...) default: the executable itself runs
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,9 @@ class Compiled:
     """
 
     def __init__(self, executable, lowered_mod, spec, inputs: Sequence[InputSpec], num_threads: int | None = None,
-                 runnable="same", emulation=None):
-        """``runnable``: the executable that runs (the emulated one, or None where this host can run
-        neither); ``emulation``: its :class:`~tvm_lowprec.emulation.EmulationReport`."""
+                 runnable=_SAME, emulation=None):
+        """``runnable``: the executable that runs (default ``executable``; the emulated one; or None
+        where this host can run neither); ``emulation``: its :class:`~tvm_lowprec.emulation.EmulationReport`."""
         self.executable = executable  # the real build: inspect_source shows its code
         self.spec = spec
         self.inputs = tuple(inputs)
@@ -77,7 +78,7 @@ class Compiled:
         self.emulation = emulation
         self._lowered = lowered_mod
         self._device = tvm.cpu()
-        self._runnable = executable if runnable == "same" else runnable
+        self._runnable = executable if runnable is _SAME else runnable
         self._vm = relax.VirtualMachine(self._runnable, self._device) if self._runnable is not None else None
 
     @property

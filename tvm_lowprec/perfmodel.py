@@ -94,6 +94,30 @@ INTRIN_ASM: Mapping[str, IntrinAsm] = {
     "vpmaddubsw_zmm": IntrinAsm("vpmaddubsw", _UBSW, "zmm", 32),
     "vpmaddubsw_ymm": IntrinAsm("vpmaddubsw", _UBSW, "ymm", 16),
 }
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The machine outside the inner loop, for :meth:`Prediction.with_memory`: one core's instruction
+    ceiling for the row's recipe (GOPS) and its streaming read bandwidth at the weights' size (GB/s)."""
+
+    peak_gops: float
+    read_gbs: float
+    source: str = ""
+
+    def __post_init__(self):
+        if self.peak_gops <= 0 or self.read_gbs <= 0:
+            raise ValueError(f"peak and bandwidth must be positive: {self}")
+
+
+# Row -> the measured machine its memory side is predicted for. llvm-mca has no memory model, and no
+# Intel figures were measured here: these are the project's Zen 5 class VNNI machine, one core
+# (shared/TVM027_NOTES.md: vpdpbusd zmm about 1070 GOPS, ymm half; a GEMV streamed its weights from L3
+# at 98 GB/s; L3 reads 92-117 GB/s).
+ROW_MEMORY: Mapping[str, Memory] = {
+    "x86-avx512-vnni": Memory(1070.0, 98.0, "Zen 5 class, one core (measured: shared/TVM027_NOTES.md)"),
+    "x86-avx-vnni": Memory(535.0, 98.0, "Zen 5 class core running the 256-bit form (measured peak halved)"),
+}
 CEILING_MAX_ACCUMULATORS = 24  # enough to hide a 5-cycle latency at 2 per cycle (with margin)
 DEFAULT_ITERATIONS = 500
 
@@ -150,6 +174,9 @@ class Prediction:
         Predicted fraction of peak of the micro-kernel loop.
     padding_efficiency : float
         ``M*N*K / (Mp*Np*Kp)``: the share of the padded work that is useful.
+    bytes_moved : int
+        What one call must read and write at least: the packed weights (as stored: int16 where the
+        tile widens them), the activations and the outputs (8-bit).
     stack_accesses : int
         Loop instructions storing to the stack (register spills). llvm-mca does not track a value
         through memory, so a spilled accumulator's store-to-load chain is invisible to it: a loop
@@ -169,7 +196,18 @@ class Prediction:
     fraction: float
     padding_efficiency: float
     stack_accesses: int = 0
+    bytes_moved: int = 0
     loop: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    def with_memory(self, memory: Memory) -> float:
+        """Predicted fraction of ``memory.peak_gops`` once the call must also move ``bytes_moved``
+        (packed weights, activations, outputs) at ``memory.read_gbs``: a roofline, the slower of the
+        micro-kernel at :attr:`gemm_fraction` of peak and the stream of bytes."""
+        m, n, k = self.shape
+        ops = 2.0 * m * n * k
+        compute_s = ops / (memory.peak_gops * 1e9 * self.gemm_fraction)
+        memory_s = self.bytes_moved / (memory.read_gbs * 1e9)
+        return ops / max(compute_s, memory_s) / (memory.peak_gops * 1e9)
 
     @property
     def cycles_per_k_step(self) -> float:
@@ -444,11 +482,12 @@ def predict(spec: TargetSpec, m: int, n: int, k: int, tile=None, mca_cpu: str | 
         intrinsics_per_iteration=loop.intrinsics, ceiling_per_cycle=top, fraction=achieved / top,
         padding_efficiency=m * n * k / (layout.mp * layout.np_ * layout.kp),
         stack_accesses=sum(bool(_STACK.search(line)) for line in block.splitlines()), loop=tuple(block.splitlines()),
+        bytes_moved=layout.np_ * layout.kp * (2 if layout.b_storage == "int16" else 1) + m * k + m * n,
     )
 
 
 __all__ = [
     "CEILING_MAX_ACCUMULATORS", "INTRIN_ASM", "IntrinAsm", "KernelLoop", "MCA_CPUS", "McaError", "McaResult",
-    "Prediction", "build_asm", "ceiling", "ceiling_block", "default_mca_cpu", "extract_kernel_loop",
+    "Memory", "Prediction", "ROW_MEMORY", "build_asm", "ceiling", "ceiling_block", "default_mca_cpu", "extract_kernel_loop",
     "find_llvm_mca", "mca_block", "mca_cpus", "predict", "run_mca", "spec_with",
 ]

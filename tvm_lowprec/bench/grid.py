@@ -114,14 +114,22 @@ def _log_row(row: dict, log: Callable[[str], None]) -> None:
     log(f"[t={row['threads']}] {row['M']}x{row['N']}x{row['K']} {row['provider']}: {row['status']} {value}")
 
 
-def _prediction_dict(p) -> dict:
+def _prediction_dict(p, memory=None) -> dict:
     keys = ("target", "intrin", "mca_cpu", "sched_model", "shape", "tile", "cycles_per_iteration",
-            "intrinsics_per_iteration", "ceiling_per_cycle", "fraction", "padding_efficiency")
-    return {key: getattr(p, key) for key in keys + ("cycles_per_k_step",)}
+            "cycles_per_k_step", "intrinsics_per_iteration", "ceiling_per_cycle", "fraction",
+            "padding_efficiency", "bytes_moved")
+    out = {key: getattr(p, key) for key in keys}
+    out["with_memory"] = p.with_memory(memory) if memory is not None else None
+    out["memory"] = asdict(memory) if memory is not None else None
+    return out
 
 
-def predict_points(shapes, rows=PREDICTED_ROWS, row_shapes=PREDICTED_SHAPES) -> dict:
+def predict_points(shapes, rows=PREDICTED_ROWS, row_shapes=PREDICTED_SHAPES, host_memory=None) -> dict:
     """llvm-mca predictions (:func:`tvm_lowprec.perfmodel.predict`) for the report.
+
+    ``host_memory`` (a :class:`~tvm_lowprec.perfmodel.Memory` measured on this host) adds the
+    roofline figure (:meth:`~tvm_lowprec.perfmodel.Prediction.with_memory`) to the host's
+    predictions; the rows get theirs from :data:`~tvm_lowprec.perfmodel.ROW_MEMORY`.
 
     Returns
     -------
@@ -130,24 +138,31 @@ def predict_points(shapes, rows=PREDICTED_ROWS, row_shapes=PREDICTED_SHAPES) -> 
         take, on its default llvm-mca CPU); ``rows``: each of ``rows`` at ``row_shapes`` on every CPU
         model listed for it; ``error``: why there are none (llvm-mca missing, ...), else ``""``.
     """
-    from ..perfmodel import McaError, mca_cpus, predict
+    from ..perfmodel import ROW_MEMORY, McaError, mca_cpus, predict
     from ..targets import native_target, registered_targets
 
     try:
         host = native_target()
-        out = {"host": [_prediction_dict(predict(host, *shape)) for shape in shapes], "rows": [], "error": ""}
+        out = {"host": [_prediction_dict(predict(host, *shape), host_memory) for shape in shapes], "rows": [],
+               "error": ""}
         for name in rows:
             spec = registered_targets()[name]
-            out["rows"] += [_prediction_dict(predict(spec, *shape, mca_cpu=cpu))
+            out["rows"] += [_prediction_dict(predict(spec, *shape, mca_cpu=cpu), ROW_MEMORY.get(name))
                             for cpu in mca_cpus(spec) for shape in row_shapes]
     except (McaError, RuntimeError, KeyError) as err:
         return {"host": [], "rows": [], "error": _error_text(err)}
     return out
 
 
+def _host_memory(peak_gops, read_gbs, source):
+    from ..perfmodel import Memory
+
+    return Memory(peak_gops, read_gbs, source) if peak_gops and read_gbs else None
+
+
 def run_benchmark(bench: Benchmark, out_dir, peak_gops: float | None = None, timing: Timing = DEFAULT_TIMING,
                   seed: int = 0, log: Callable[[str], None] | None = None, predict: bool = False,
-                  peak_source: str = "") -> list[dict]:
+                  peak_source: str = "", read_gbs: float | None = None) -> list[dict]:
     """Measure every point of ``bench`` and write the reports into ``out_dir``.
 
     Parameters
@@ -169,6 +184,9 @@ def run_benchmark(bench: Benchmark, out_dir, peak_gops: float | None = None, tim
         error for this host's row, and a section for the rows this host cannot run.
     peak_source : str
         Where ``peak_gops`` comes from, for the report.
+    read_gbs : float, optional
+        This host's streaming read bandwidth of one thread (GB/s); with ``peak_gops`` and ``predict``,
+        adds the roofline prediction (the micro-kernel or the byte stream, whichever is slower).
 
     Returns
     -------
@@ -195,7 +213,9 @@ def run_benchmark(bench: Benchmark, out_dir, peak_gops: float | None = None, tim
         benchmark=asdict(bench), threads=list(bench.threads), timing=asdict(timing), seed=seed,
         data=DATA_DESCRIPTION, loadavg_start=loadavg_start,
         peak_gops_per_thread=peak_gops, peak_source=peak_source,
-        predictions=predict_points(bench.shapes) if predict else None, compiled_targets=sorted({r["target"] for r in rows if r["target"]}),
+        read_gbs_per_thread=read_gbs,
+        predictions=predict_points(bench.shapes, host_memory=_host_memory(peak_gops, read_gbs, peak_source))
+        if predict else None, compiled_targets=sorted({r["target"] for r in rows if r["target"]}),
         providers={name: {"available": ok, "reason": why} for name, (ok, why) in availability.items()})
     write_reports(rows, meta, Path(out_dir))
     return rows

@@ -92,11 +92,14 @@ def _table(rows: list[dict], meta: dict, threads: int) -> list[str]:
     header = ["M×N×K", *providers, *(f"{label} / {p}" for p in peers)]
     if peak_provider:
         header.append(f"% peak ({peak_provider})")
+    roofline = any(p.get("with_memory") is not None for p in predicted.values())
     if predicted:
         cpus = sorted({p["mca_cpu"] for p in predicted.values()})
         header.append(f"predicted % peak (llvm-mca {', '.join(cpus)})")
         if peak_provider:
             header.append("model error (pp)")
+        if roofline:
+            header += [f"predicted with memory ({meta['read_gbs_per_thread']:.0f} GB/s)", "error (pp)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     by_point = {(r["M"], r["N"], r["K"], r["provider"]): r for r in rows if r["threads"] == threads}
     for shape in dict.fromkeys((r["M"], r["N"], r["K"]) for r in rows):
@@ -106,8 +109,12 @@ def _table(rows: list[dict], meta: dict, threads: int) -> list[str]:
         if peak_provider:
             cells.append(_peak_cell(point[peak_provider], meta["peak_gops_per_thread"] * threads))
         if predicted:
-            cells += _prediction_cells(predicted.get(shape), point[main] if peak_provider else None,
-                                       (meta.get("peak_gops_per_thread") or 0) * threads, bool(peak_provider))
+            p, measured = predicted.get(shape), point[main] if peak_provider else None
+            peak = (meta.get("peak_gops_per_thread") or 0) * threads
+            cells += _prediction_cells(_predicted_pct(p) if p else None, measured, peak, bool(peak_provider))
+            if roofline:  # the bandwidth was measured for one thread: the column is for one thread only
+                pct = 100.0 * p["with_memory"] if p and p.get("with_memory") is not None and threads == 1 else None
+                cells += _prediction_cells(pct, measured, peak, True)
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -118,14 +125,14 @@ def _peak_cell(row: dict | None, peak: float) -> str:
     return f"{100.0 * row['gops'] / peak:.1f}%"
 
 
-def _prediction_cells(p: dict | None, row: dict | None, peak: float, with_error: bool) -> list[str]:
-    """Predicted % of peak and (when measured against a peak) predicted minus measured, in points."""
-    if p is None:
+def _prediction_cells(pct: float | None, row: dict | None, peak: float, with_error: bool) -> list[str]:
+    """A predicted % of peak and (when measured against a peak) predicted minus measured, in points."""
+    if pct is None:
         return ["—", "—"] if with_error else ["—"]
-    cells = [f"{_predicted_pct(p):.1f}%"]
+    cells = [f"{pct:.1f}%"]
     if with_error:
         measured = row is not None and row["status"] in _MEASURED and peak
-        cells.append(f"{_predicted_pct(p) - 100.0 * row['gops'] / peak:+.1f}" if measured else "—")
+        cells.append(f"{pct - 100.0 * row['gops'] / peak:+.1f}" if measured else "—")
     return cells
 
 
@@ -149,7 +156,10 @@ def _predicted_section(meta: dict) -> list[str]:
         "ports (loads, broadcasts, spills, dependency chains, dispatch width) and **ignores memory**: every "
         "load hits L1, and the epilogue, K-block C traffic and threading are outside it. The error column "
         "above is predicted minus measured, in percentage points of peak. Host predictions are for the "
-        "row's first recipe (the one the benchmark's 7-bit weights take).", ""]
+        "row's first recipe (the one the benchmark's 7-bit weights take). *With memory*: a roofline, the "
+        "slower of that micro-kernel and streaming the call's bytes (packed weights, activations, "
+        "outputs) at one core's read bandwidth (this host: measured with `peak/read_bw.c` in the same run; "
+        "the VNNI rows: the project's Zen 5 class machine, `perfmodel.ROW_MEMORY`).", ""]
     shapes = list(dict.fromkeys(tuple(p["shape"]) for p in predictions["rows"]))
     header = ["row", "llvm-mca CPU (model)", *("x".join(map(str, s)) for s in shapes)]
     lines += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * len(shapes)]
@@ -157,10 +167,14 @@ def _predicted_section(meta: dict) -> list[str]:
     for p in predictions["rows"]:
         grouped.setdefault((p["target"], p["mca_cpu"], p["sched_model"]), {})[tuple(p["shape"])] = p
     for (target, cpu, model), by_shape in grouped.items():
-        cells = [f"{_predicted_pct(by_shape[s]):.1f}% ({_tile(by_shape[s])})" if s in by_shape else "—"
-                 for s in shapes]
+        cells = [_row_cell(by_shape[s]) if s in by_shape else "—" for s in shapes]
         lines.append(f"| {target} | {cpu} ({model}) | " + " | ".join(cells) + " |")
-    return lines + ["", "Cells: predicted % of peak (tile mr x nr [/ K block])."]
+    return lines + ["", "Cells: predicted % of peak (tile mr x nr [/ K block]); then, after →, with memory."]
+
+
+def _row_cell(p: dict) -> str:
+    text = f"{_predicted_pct(p):.1f}% ({_tile(p)})"
+    return text + (f" → {100.0 * p['with_memory']:.1f}%" if p.get("with_memory") is not None else "")
 
 
 def _notes(rows: list[dict]) -> list[str]:
@@ -208,6 +222,8 @@ def render_markdown(rows: list[dict], meta: dict) -> str:
     if meta.get("peak_gops_per_thread"):
         source = f" ({meta['peak_source']})" if meta.get("peak_source") else ""
         lines.append(f"- peak: {meta['peak_gops_per_thread']} GOPS per thread (times the thread count){source}")
+    if meta.get("read_gbs_per_thread"):
+        lines.append(f"- read bandwidth: {meta['read_gbs_per_thread']:.1f} GB/s, one thread (see the peak's source)")
     for threads in meta["threads"]:
         lines += ["", f"## threads = {threads}", "", *_table(rows, meta, threads)]
     lines += _predicted_section(meta)
