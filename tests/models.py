@@ -49,9 +49,11 @@ def quantize_qdq(model: onnx.ModelProto, samples, *, per_channel=True, reduce_ra
 
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
+    name = model.graph.input[0].name
+
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter([{"x": s} for s in samples])
+            self.it = iter([{name: s} for s in samples])
 
         def get_next(self):
             return next(self.it, None)

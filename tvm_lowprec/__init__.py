@@ -14,11 +14,13 @@ The user API::
 
 from __future__ import annotations
 
+import contextlib
+
 from . import _threads  # noqa: F401  (sizes TVM's thread pool before anything runs)
 from . import intrin  # noqa: F401  (registers the tensor intrinsics)
 from .compiled import Compiled, InputSpec, KernelInfo
 from .emulation import EmulationError, emulated_executable, execution_mode
-from .errors import InputError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
+from .errors import DynamicShapeError, InputError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
 from .frontend.onnx import from_onnx
 from .ptq import QuantConfig, accuracy_report, quantize
 from .tune import tune
@@ -54,6 +56,21 @@ def _warn_dynamic(inputs) -> None:
                 f"from_onnx(model, shape_dict={{{spec.name!r}: {fixed}}})",
                 stacklevel=3,
             )
+
+
+@contextlib.contextmanager
+def _dynamic_shapes_named(mod):
+    """TVM's legalization fails inside (an assertion) on some symbolic shapes: where the model kept
+    dynamic input dimensions, say which ones to fix instead."""
+    dynamic = mod["main"].attrs.get("lowprec.dynamic", None) if mod["main"].attrs is not None else None
+    try:
+        yield
+    except LowPrecError:
+        raise
+    except (AssertionError, TypeError, ValueError, IndexError, RuntimeError) as err:
+        if dynamic is None:
+            raise
+        raise DynamicShapeError(str(dynamic)) from err
 
 
 def _tuned_schedules(database, spec, num_threads):
@@ -142,7 +159,7 @@ def compile(  # noqa: A001
     inputs = _input_specs(mod)
     _warn_dynamic(inputs)
     tuned = _tuned_schedules(database, spec, num_threads)
-    with tvm_target:
+    with tvm_target, _dynamic_shapes_named(mod):
         lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math, tuned))
     executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
     mode = execution_mode(spec)
@@ -155,6 +172,7 @@ def compile(  # noqa: A001
 
 __all__ = [
     "Compiled",
+    "DynamicShapeError",
     "EmulationError",
     "Epilogue",
     "InputError",

@@ -6,6 +6,7 @@
     tvm-lowprec tune model.onnx --target native --trials 64 --work-dir tuning/
     tvm-lowprec tune model.onnx --target x86-avx512-vnni --rpc-tracker host:9190 --rpc-key vnni
     tvm-lowprec run model.onnx --database tuning/
+    tvm-lowprec run detector.onnx --shape images=1x3x480x480   # dynamic axes fixed, shapes folded
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import time
 
 import numpy as np
+
+from .errors import DynamicShapeError
 
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "data", "demo_mlp_qdq.onnx")
 
@@ -47,7 +50,7 @@ def _random_inputs(compiled, seed: int) -> dict:
     for spec in compiled.inputs:
         if any(not isinstance(d, int) for d in spec.shape):
             raise SystemExit(
-                f"input {spec.name!r} has a dynamic shape {spec.shape}: fix it with from_onnx(..., shape_dict=...)"
+                f"input {spec.name!r} has a dynamic shape {spec.shape}: fix it with --shape {spec.name}=DxDx..."
             )
         if spec.dtype.startswith("float"):
             inputs[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
@@ -92,7 +95,7 @@ def cmd_run(args) -> int:
 
     path = args.model or DEMO_MODEL
     t0 = _step(f"importing {path}")
-    mod = tvm_lowprec.from_onnx(path)
+    mod = tvm_lowprec.from_onnx(path, shape_dict=args.shape)
     _done(t0)
     t0 = _step(f"compiling for {args.target}")
     compiled = tvm_lowprec.compile(mod, target=args.target, num_threads=args.threads, database=args.database)
@@ -143,7 +146,7 @@ def cmd_tune(args) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     t0 = _step(f"importing {args.model}")
-    mod = tvm_lowprec.from_onnx(args.model)
+    mod = tvm_lowprec.from_onnx(args.model, shape_dict=args.shape)
     _done(t0)
     try:
         result = tvm_lowprec.tune(mod, args.target, trials=args.trials, work_dir=args.work_dir,
@@ -173,6 +176,21 @@ def cmd_targets(_args) -> int:
     return 0
 
 
+def parse_shape(text: str) -> tuple[str, list[int]]:
+    """``"images=1x3x480x480"`` -> ``("images", [1, 3, 480, 480])``."""
+    name, sep, dims = text.rpartition("=")
+    values = dims.lower().split("x")
+    if not sep or not name or not all(v.isdigit() and int(v) > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"bad --shape {text!r}; expected NAME=D1xD2x... with positive integers")
+    return name, [int(v) for v in values]
+
+
+def _add_shape_option(parser) -> None:
+    parser.add_argument("--shape", metavar="NAME=1x3x480x480", type=parse_shape, action="append",
+                        help="fix an input's shape (repeatable); every shape computation of the model is then "
+                             "folded to constants at import")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-lowprec", description="Quantized ONNX models on low-precision CPU instructions")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -183,6 +201,7 @@ def main(argv=None) -> int:
     run.add_argument("--repeat", type=int, default=50, help="timed calls per runtime")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--database", help="tuning records (a `tvm-lowprec tune` work dir) to compile with")
+    _add_shape_option(run)
     run.set_defaults(func=cmd_run)
     tune = sub.add_parser("tune", help="tune a model's integer kernels with MetaSchedule; records in --work-dir")
     tune.add_argument("model", help="ONNX file")
@@ -192,11 +211,17 @@ def main(argv=None) -> int:
     tune.add_argument("--threads", type=int, default=None, help="threads the kernels are tuned for")
     tune.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on machines registered with this tracker")
     tune.add_argument("--rpc-key", help="the tracker key of the machines to measure on")
+    _add_shape_option(tune)
     tune.set_defaults(func=cmd_tune)
     targets = sub.add_parser("targets", help="list the registered targets")
     targets.set_defaults(func=cmd_targets)
     args = parser.parse_args(argv)
-    return args.func(args)
+    args.shape = dict(getattr(args, "shape", None) or {}) or None
+    try:
+        return args.func(args)
+    except DynamicShapeError as err:
+        print(f"tvm-lowprec {args.command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

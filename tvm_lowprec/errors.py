@@ -15,3 +15,8 @@ class InputError(LowPrecError, ValueError):
 
 class QuantizationParameterError(LowPrecError, ValueError):
     """A scale or zero point that cannot be used (zero, negative, NaN, wrong shape)."""
+
+
+class DynamicShapeError(LowPrecError, ValueError):
+    """A dimension that stays dynamic where a static one is needed (names the input dimension to fix
+    and the first node whose shape depends on it)."""

@@ -12,8 +12,9 @@ from collections import defaultdict
 
 import onnx
 
-from ..errors import UnsupportedOperatorError
+from ..errors import DynamicShapeError, LowPrecError, UnsupportedOperatorError
 from .converters import EXTRA_CONVERTERS, extra_converters
+from .fold_shapes import dynamic_report, fold_shapes
 from .qoperator import QOPERATOR_REWRITES, rewrite_qoperators
 
 # Blocked quantization (block_size attribute) and other unsupported QOperator ops are reported here
@@ -75,7 +76,11 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
     model_or_path : onnx.ModelProto or str
         The model or its file.
     shape_dict : dict, optional
-        ``{input_name: shape}`` fixing dynamic dimensions.
+        ``{input_name: shape}`` fixing dynamic dimensions. With every input's shape fixed (here or in
+        the file), every shape computation of the graph is folded to constants before the Relax
+        importer runs (:mod:`.fold_shapes`); a dimension left dynamic where the import needs it raises
+        :class:`~tvm_lowprec.errors.DynamicShapeError`, naming the input dimension and the first node
+        that depends on it.
 
     Returns
     -------
@@ -93,11 +98,22 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
 
     model = _load(model_or_path)
     check_operators(model)
-    model = rewrite_qoperators(model)
+    model = fold_shapes(rewrite_qoperators(model), shape_dict)
     names = [vi.name for vi in _graph_inputs(model)]
-    with extra_converters():
-        mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+    dynamic = dynamic_report(model)
+    try:
+        with extra_converters():
+            mod = relax_from_onnx(model, keep_params_in_input=False)
+    except LowPrecError:
+        raise
+    except (AssertionError, TypeError, ValueError, IndexError, RuntimeError) as err:
+        if dynamic:  # TVM's importer fails inside on symbolic shapes: say what to fix instead
+            raise DynamicShapeError(dynamic.message()) from err
+        raise
     linear = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node) if n.op_type in LINEAR_NODES]
-    main = mod["main"].with_attrs({"lowprec.input_names": names, "lowprec.linear_nodes": linear})
+    attrs = {"lowprec.input_names": names, "lowprec.linear_nodes": linear}
+    if dynamic:
+        attrs["lowprec.dynamic"] = dynamic.message()
+    main = mod["main"].with_attrs(attrs)
     mod.update_func(mod.get_global_var("main"), main)
     return mod

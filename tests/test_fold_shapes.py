@@ -1,0 +1,124 @@
+"""Shape folding at import (tvm_lowprec.frontend.fold_shapes): exports with dynamic axes and shape
+subgraphs compile once the input shape is fixed, and a dimension left dynamic is named.
+
+The model is a YOLOv8-style detector exported with dynamic batch, height and width (tests/detector.py):
+Conv+SiLU, a C2f block with Split and Concat, an SPPF max-pool pyramid, nearest Resize to computed
+sizes, a DFL head with computed Reshapes, Transpose, Softmax and a 1x1 Conv, and anchor arithmetic
+from Shape/Range. Its FP32 form and ONNX Runtime's quantize_static QDQ form are compared with ORT
+running the graph as written.
+"""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tvm_lowprec
+from tvm_lowprec.errors import DynamicShapeError, InputError
+from tvm_lowprec.frontend.fold_shapes import fold_shapes
+
+from detector import yolo_like
+from models import quantize_qdq
+from reference import ort_session
+
+SHAPE = (1, 3, 64, 64)
+
+
+@pytest.fixture(scope="module")
+def detectors():
+    fp32 = yolo_like()
+    rng = np.random.default_rng(0)
+    qdq = quantize_qdq(fp32, [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(4)])
+    return {"fp32": fp32, "qdq": qdq}
+
+
+def _cosine(a, b) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("form,shape", [("fp32", SHAPE), ("fp32", (2, 3, 96, 128)), ("qdq", SHAPE)],
+                         ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)))
+def test_detector_with_dynamic_axes_compiles_and_matches_ort(detectors, form, shape, rng):
+    model = detectors[form]
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model, shape_dict={"images": list(shape)}), target="native")
+    gemms = [k for k in compiled.kernels() if k.op == "qgemm"]
+    if form == "qdq":  # every convolution an integer kernel on the row's intrinsic
+        assert len(gemms) == sum(n.op_type == "Conv" for n in model.graph.node)  # the DFL conv included
+        assert all(k.intrinsic.startswith("lowprec_") for k in gemms)
+    else:
+        assert not gemms
+    x = rng.standard_normal(shape).astype(np.float32)
+    got, want = compiled(x), ort_session(model, optimized=False).run(None, {"images": x})
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want):
+        assert _cosine(g, w) >= 0.9999
+
+
+def test_shape_subgraphs_fold_to_constants(detectors):
+    model = detectors["qdq"]
+    folded = fold_shapes(model, {"images": list(SHAPE)})
+    ops = {n.op_type for n in folded.graph.node}
+    # (the anchor grid's Unsqueeze and Expand stay: ORT put Q/DQ pairs on its constant values, which
+    # this pass leaves to the integer rewrite; TVM's FoldConstant folds them after)
+    assert not ops & {"Shape", "Gather", "Range", "ConstantOfShape", "Slice"}
+    # quantize/dequantize pairs are left for the integer rewrite, weights included
+    count = lambda m, op: sum(n.op_type == op for n in m.graph.node)  # noqa: E731
+    assert count(folded, "DequantizeLinear") == count(model, "DequantizeLinear")
+    assert count(folded, "QuantizeLinear") == count(model, "QuantizeLinear")
+    reshapes = [n for n in folded.graph.node if n.op_type in ("Reshape", "Resize")]
+    inits = {t.name for t in folded.graph.initializer}
+    assert reshapes and all(n.input[-1] in inits for n in reshapes)  # target shapes and sizes are constants
+
+
+def test_a_dynamic_dimension_is_named_with_the_fix(detectors):
+    with pytest.raises(DynamicShapeError, match=r"'images' dimension 2 \(height\).*stem.conv.*--shape images="):
+        tvm_lowprec.compile(tvm_lowprec.from_onnx(detectors["fp32"]), target="native")
+
+
+def test_bad_shape_dict_is_named(detectors):
+    model = detectors["fp32"]
+    with pytest.raises(InputError, match="not an input.*images"):
+        tvm_lowprec.from_onnx(model, shape_dict={"image": [1, 3, 64, 64]})
+    with pytest.raises(InputError, match="rank 4"):
+        tvm_lowprec.from_onnx(model, shape_dict={"images": [3, 64, 64]})
+    static = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])]))
+    with pytest.raises(InputError, match="contradicts"):
+        tvm_lowprec.from_onnx(static, shape_dict={"x": [4, 8]})
+
+
+def test_a_shape_chain_becomes_one_constant():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as torch exports flatten."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "flatten", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits), opset_imports=[helper.make_opsetid("", 17)])
+    folded = fold_shapes(model, {"x": [3, 4, 5]})
+    assert [n.op_type for n in folded.graph.node] == ["Reshape"]
+    target = {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer}[folded.graph.node[0].input[1]]
+    np.testing.assert_array_equal(target, [3, -1])
+    assert fold_shapes(model) .graph.node[0].op_type == "Shape"  # without the shape nothing is folded
+
+
+def test_cli_takes_shapes(detectors, tmp_path, capsys):
+    from tvm_lowprec.cli import main
+
+    path = tmp_path / "detector_qdq.onnx"
+    onnx.save(detectors["qdq"], path)
+    assert main(["run", str(path), "--shape", "images=1x3x64x64", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if "graph as written" in l)
+    # boxes reach about 65: a step of an intermediate, times the stride 8 of the decode, is about 1
+    assert max(float(v) for v in line.rsplit(":", 1)[1].split(",")) < 2.0
+    assert main(["run", str(path), "--repeat", "2"]) == 2
+    assert "--shape images=" in capsys.readouterr().err
