@@ -106,6 +106,7 @@ def cmd_run(args) -> int:
         return _run_without_timing(compiled, path, inputs, args)
     rows = [{**r, "ms": f"{r['ms']:.4f}", "share": f"{100 * r['share']:.0f}%"} for r in compiled.profile(inputs)]
     print(_table(rows))
+    _flag_unscheduled(compiled)
     outputs = compiled(inputs)
     t_tvm = compiled.benchmark(inputs, number=max(1, args.repeat // 5), repeat=5)
     rows = [{"runtime": "tvm-lowprec", "ms": f"{t_tvm * 1e3:.3f}", "tvm-lowprec speed-up": "1.00"}]
@@ -121,10 +122,18 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _flag_unscheduled(compiled) -> None:
+    unscheduled = [k.name for k in compiled.kernels() if k.schedule == "none"]
+    if unscheduled:
+        print(f"\n!! {len(unscheduled)} kernel(s) no schedule rule accepted (schedule 'none': serial, scalar loops): "
+              + ", ".join(unscheduled))
+
+
 def _run_without_timing(compiled, path, inputs, args) -> int:
     """A row this host runs emulated (or not at all): the kernel table and the outputs against ONNX
     Runtime, no times (emulated code says nothing about the target's speed)."""
     print(_table([r.as_row() for r in compiled.kernels()]))
+    _flag_unscheduled(compiled)
     if compiled.execution == "none":
         print(f"\n{compiled.spec.name} cannot run on this host, natively or emulated: compiled only")
         return 0

@@ -19,7 +19,8 @@ _SAME = object()  # Compiled(runnable=...) default: the executable itself runs
 @dataclass(frozen=True)
 class KernelInfo:
     """One generated kernel: its name, the operator it implements, its intrinsic, its shape, and
-    whether its schedule came from tuning records (``"tuned"``) or the default rules."""
+    where its schedule came from: tuning records (``"tuned"``), the default rules (``"default"``), or
+    nowhere (``"none"``: no rule accepted it, so its loops run as written, serial and scalar)."""
 
     name: str
     op: str
@@ -52,7 +53,7 @@ def _describe(gvar, func) -> KernelInfo:
         str(op) if op is not None else gvar.name_hint.rstrip("0123456789_"),
         str(intrinsic) if intrinsic is not None else "none",
         tuple(int(s) if hasattr(s, "value") or isinstance(s, int) else str(s) for s in shape),
-        "tuned" if bool(attrs.get("lowprec.tuned", False)) else "default",
+        str(attrs.get("lowprec.schedule", "default")),
     )
 
 

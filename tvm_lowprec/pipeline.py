@@ -25,7 +25,8 @@ from .schedule import schedule_func
 
 def schedule_module(spec, tuned=None):
     """Apply the first accepting schedule rule to every unscheduled PrimFunc; ``tuned(func)``, when
-    given, is asked first (a tuning database's best schedule, or None)."""
+    given, is asked first (a tuning database's best schedule, or None). Each PrimFunc records where its
+    schedule came from in ``lowprec.schedule``: ``"tuned"``, ``"default"`` (a rule) or ``"none"``."""
 
     @tvm.ir.transform.module_pass(opt_level=0, name="lowprec.ScheduleFuncs")
     def _pass(mod, _ctx):
@@ -36,9 +37,11 @@ def schedule_module(spec, tuned=None):
             sch = tuned(func) if tuned is not None else None
             from_database = sch is not None
             sch = sch if from_database else schedule_func(func, spec)
-            if sch is not None:
-                scheduled = sch.mod["main"].with_attr("tir.is_scheduled", True)
-                updates[gvar] = scheduled.with_attr("lowprec.tuned", True) if from_database else scheduled
+            if sch is None:  # no rule accepts it: TVM lowers its loops as written (serial, scalar)
+                updates[gvar] = func.with_attr("lowprec.schedule", "none")
+                continue
+            scheduled = sch.mod["main"].with_attr("tir.is_scheduled", True)
+            updates[gvar] = scheduled.with_attr("lowprec.schedule", "tuned" if from_database else "default")
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod

@@ -6,9 +6,11 @@ from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
 from .depthwise import DepthwiseRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
+from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
-DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), DepthwiseRule(), ElementwiseRule(), DlightRule(_dlight_cpu.Reduction()))
+DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(),
+                 DlightRule(_dlight_cpu.Reduction()))
 
 
 def schedule_func(func, spec, rules=DEFAULT_RULES):
@@ -20,4 +22,5 @@ def schedule_func(func, spec, rules=DEFAULT_RULES):
     return None
 
 
-__all__ = ["DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "schedule_func"]
+__all__ = ["DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule",
+           "WindowReductionRule", "schedule_func"]

@@ -1,8 +1,9 @@
 """Fallback rule for the remaining injective PrimFuncs (quantize, dequantize, casts, reshapes).
 
-Inlines every block into the last one (a fused chain of injective operators becomes one loop nest),
-fuses the loop nest, parallelises the outer part and vectorises the inner part. Declines functions
-with reductions (those need a rule of their own) and chains that cannot be inlined.
+Inlines every block into the ones writing the outputs (a fused chain of injective operators becomes
+one loop nest per output: one, or several for a split), fuses each loop nest, parallelises its outer
+part and vectorises its inner part. Declines functions with reductions (those need a rule of their
+own) and chains that cannot be inlined.
 """
 
 from __future__ import annotations
@@ -25,25 +26,38 @@ class ElementwiseRule:
         blocks = sch.get_child_blocks(root) if root is not None else []
         if not blocks or any(iv.iter_type != 0 for b in blocks for iv in sch.get(b).iter_vars):
             return None  # empty, or a reduction: not ours
+        leaves = []  # the blocks that write the function's outputs (several for a split)
+        intermediates = list(sch.get(root).alloc_buffers) if root is not None else []
         for producer in blocks[:-1]:
             try:
                 sch.compute_inline(producer)
             except tvm.s_tir.schedule.ScheduleError:
+                if any(region.source.same_as(b) for region in sch.get(producer).writes for b in intermediates):
+                    return None  # an intermediate that cannot be inlined: not a chain of injective ops
+                leaves.append(producer)
+        leaves.append(blocks[-1])
+        for block in leaves:
+            if not _fuse_and_vectorize(sch, block):
                 return None
-        block = blocks[-1]
-        loops = sch.get_loops(block)
-        if not loops:
-            return None
-        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        extent = sch.get(fused).extent
-        if not hasattr(extent, "value"):
-            return None  # symbolic shape: leave as is
-        total = int(extent.value)
-        if total >= _VECTOR and total % _VECTOR == 0:
-            outer, inner = sch.split(fused, [None, _VECTOR])
-            sch.vectorize(inner)
-            if total >= _MIN_PARALLEL:
-                sch.parallel(outer)
-        elif total >= _MIN_PARALLEL:
-            sch.parallel(fused)
         return sch
+
+
+def _fuse_and_vectorize(sch, block) -> bool:
+    """One block's loops fused, split into a parallel outer part and a vectorized inner part; False
+    for a block without loops or with a symbolic extent."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return False
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    extent = sch.get(fused).extent
+    if not hasattr(extent, "value"):
+        return False  # symbolic shape: leave as is
+    total = int(extent.value)
+    if total >= _VECTOR and total % _VECTOR == 0:
+        outer, inner = sch.split(fused, [None, _VECTOR])
+        sch.vectorize(inner)
+        if total >= _MIN_PARALLEL:
+            sch.parallel(outer)
+    elif total >= _MIN_PARALLEL:
+        sch.parallel(fused)
+    return True

@@ -1,0 +1,102 @@
+"""Every kernel of a quantized reference model is scheduled by some rule (``schedule != "none"``),
+and the rules added for the operators between quantized layers (window reductions: pooling; injective
+functions with several outputs: split) keep results exact."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+import tvm_lowprec
+
+from detector import yolo_like
+from models import fp32_block_net, fp32_cnn, quantize_qdq
+
+
+def _encoder():
+    from benchmarks.models.encoder import EncoderConfig, make_encoder
+
+    return make_encoder(cfg=EncoderConfig(layers=1, d_model=64, heads=4, d_ff=128, seq=16))
+
+
+def _attention():
+    from test_batched import _fp32_attention
+
+    return _fp32_attention()
+
+
+# the reference models' structures, small: name -> (FP32 model maker, input shape)
+REFERENCE = {
+    "encoder": (_encoder, (1, 16, 64)),
+    "cnn": (lambda: fp32_cnn((1, 3, 16, 16)), (1, 3, 16, 16)),
+    "block-net": (lambda: fp32_block_net((1, 8, 16, 16)), (1, 8, 16, 16)),
+    "attention": (_attention, (1, 32, 64)),
+    "detector": (yolo_like, (1, 3, 64, 64)),
+}
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_no_kernel_of_a_quantized_reference_model_is_left_unscheduled(name, rng):
+    make, shape = REFERENCE[name]
+    fp32 = make()
+    qdq = quantize_qdq(fp32, [rng.standard_normal(shape).astype(np.float32) for _ in range(4)])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq, shape_dict={qdq.graph.input[0].name: list(shape)}),
+                                   target="native")
+    kernels = compiled.kernels()
+    assert kernels and not [k.name for k in kernels if k.schedule == "none"]
+
+
+def test_the_shipped_demo_model_has_no_unscheduled_kernel():
+    from importlib import resources
+
+    path = resources.files("tvm_lowprec") / "data" / "demo_mlp_qdq.onnx"
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(str(path)), target="native")
+    assert all(k.schedule == "default" for k in compiled.kernels())
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_max_pool_is_scheduled_and_exact(layout, rng):
+    """A 5x5 stride-1 max pool with padding (SPPF), on uint8: the window rule, results as onnx.reference."""
+    shape = (1, 8, 12, 16)
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1])]
+    if layout == "nhwc":  # as the layout pass leaves pools between NHWC convolutions
+        nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]),
+                 helper.make_node("MaxPool", ["xt"], ["p"], kernel_shape=[5, 5], pads=[2, 2, 2, 2]),
+                 helper.make_node("Transpose", ["p"], ["y"], perm=[0, 2, 3, 1])]
+        shape = (1, 12, 16, 8)
+    model = helper.make_model(helper.make_graph(
+        nodes, "pool", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    pools = [k for k in compiled.kernels() if "pool" in k.name]
+    assert pools and all(k.schedule == "default" for k in pools)
+    x = rng.integers(0, 256, shape).astype(np.uint8)
+    np.testing.assert_array_equal(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+def test_split_into_two_outputs_is_scheduled_and_exact(rng):
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Split", ["x", "sizes"], ["a", "b"], axis=1)], "split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, None), helper.make_tensor_value_info("b", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array([6, 10], np.int64), "sizes")]), opset_imports=[helper.make_opsetid("", 17)])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    assert all(k.schedule == "default" for k in compiled.kernels())
+    x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    got = compiled(x)
+    np.testing.assert_array_equal(got[0], x[:, :6])
+    np.testing.assert_array_equal(got[1], x[:, 6:])
+
+
+def test_cli_flags_a_kernel_no_rule_scheduled(tmp_path, capsys):
+    """An FP32 model's float matmuls have no rule yet: the CLI table says so."""
+    from tvm_lowprec.cli import main
+
+    path = tmp_path / "attention_fp32.onnx"
+    onnx.save(_attention(), path)
+    assert main(["run", str(path), "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    flag = next(line for line in out.splitlines() if line.startswith("!!"))
+    assert "schedule 'none'" in flag and "matmul" in flag
+    assert any(line.split()[-4:-3] == ["none"] or " none " in line for line in out.splitlines() if line.startswith("matmul"))
