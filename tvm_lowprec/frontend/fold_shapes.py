@@ -195,6 +195,8 @@ def dynamic_report(model: onnx.ModelProto) -> DynamicReport:
         for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
             if not dim.HasField("dim_value"):
                 dims.append((vi.name, axis, dim.dim_param))
+    if not dims:
+        return DynamicReport((), None)  # static inputs: nothing to name (and no second inference)
     shapes = _static_shapes(_infer(model))
     first = next((node.name or f"{node.op_type}({node.output[0]})" for node in model.graph.node
                   if any(shapes.get(o) is None for o in node.output if o)), None)
