@@ -122,3 +122,40 @@ def test_cli_takes_shapes(detectors, tmp_path, capsys):
     assert max(float(v) for v in line.rsplit(":", 1)[1].split(",")) < 2.0
     assert main(["run", str(path), "--repeat", "2"]) == 2
     assert "--shape images=" in capsys.readouterr().err
+
+
+def _conv_bn(rng, quantized_weights=False):
+    """Conv(3x3, bias) -> BatchNormalization -> Relu, with non-trivial statistics."""
+    c_in, c_out = 4, 6
+    w = rng.standard_normal((c_out, c_in, 3, 3)).astype(np.float32) / 6
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(rng.standard_normal(c_out).astype(np.float32), "b")]
+    for name, value in (("scale", rng.uniform(0.5, 2, c_out)), ("beta", rng.standard_normal(c_out)),
+                        ("mean", rng.standard_normal(c_out)), ("var", rng.uniform(0.2, 3, c_out))):
+        inits.append(numpy_helper.from_array(value.astype(np.float32), name))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"], ["n"], epsilon=1e-3, name="bn"),
+             helper.make_node("Relu", ["n"], ["y"])]
+    return helper.make_model(helper.make_graph(
+        nodes, "conv_bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits), opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_batchnorm_after_a_convolution_is_folded_into_it(rng):
+    from tvm_lowprec.frontend.fold_batchnorm import fold_batchnorm
+
+    model = _conv_bn(rng)
+    folded = fold_batchnorm(model)
+    assert [n.op_type for n in folded.graph.node] == ["Conv", "Relu"]
+    assert {"scale", "beta", "mean", "var", "w", "b"}.isdisjoint(t.name for t in folded.graph.initializer)
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    want = ort_session(model, optimized=False).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ort_session(folded, optimized=False).run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    assert not any("batch_norm" in k.name for k in compiled.kernels())
+    np.testing.assert_allclose(compiled(x)[0], want, rtol=1e-4, atol=1e-4)
+    # quantized: PTQ of the FP32 model quantizes the folded convolution (one integer kernel, no BN left)
+    qmod = tvm_lowprec.quantize(tvm_lowprec.from_onnx(model), [rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+                                                              for _ in range(4)], progress=False)
+    qcompiled = tvm_lowprec.compile(qmod, target="native")
+    assert [k.op for k in qcompiled.kernels()].count("qgemm") == 1
+    assert not any("batch_norm" in k.name for k in qcompiled.kernels())

@@ -136,7 +136,7 @@ def fold_shapes(model: onnx.ModelProto, shape_dict: dict | None = None) -> onnx.
             for name, array in zip(node.output, value):
                 consts[name] = folded[name] = array
         if not folded:
-            return _prune(model)
+            return prune_initializers(model)
         del model.graph.node[:]
         model.graph.node.extend(kept)
         model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in folded.items())
@@ -157,7 +157,7 @@ def _names_read(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _prune(model: onnx.ModelProto) -> onnx.ModelProto:
+def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """Drop initializers nothing reads (the inputs of folded nodes)."""
     used = _names_read(model.graph) | {o.name for o in model.graph.output} | {vi.name for vi in model.graph.input}
     kept = [t for t in model.graph.initializer if t.name in used]

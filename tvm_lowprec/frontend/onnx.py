@@ -14,6 +14,7 @@ import onnx
 
 from ..errors import DynamicShapeError, LowPrecError, UnsupportedOperatorError
 from .converters import EXTRA_CONVERTERS, extra_converters
+from .fold_batchnorm import fold_batchnorm
 from .fold_shapes import dynamic_report, fold_shapes
 from .qoperator import QOPERATOR_REWRITES, rewrite_qoperators
 
@@ -98,7 +99,7 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
 
     model = _load(model_or_path)
     check_operators(model)
-    model = fold_shapes(rewrite_qoperators(model), shape_dict)
+    model = fold_batchnorm(fold_shapes(rewrite_qoperators(model), shape_dict))
     names = [vi.name for vi in _graph_inputs(model)]
     dynamic = dynamic_report(model)
     try:
