@@ -100,3 +100,21 @@ def test_cli_flags_a_kernel_no_rule_scheduled(tmp_path, capsys):
     flag = next(line for line in out.splitlines() if line.startswith("!!"))
     assert "schedule 'none'" in flag and "matmul" in flag
     assert any(line.split()[-4:-3] == ["none"] or " none " in line for line in out.splitlines() if line.startswith("matmul"))
+
+
+def test_cli_kernel_table_fits_120_columns(tmp_path, capsys, rng):
+    """The detector's fused chains have names of 60+ characters: shortened, and their op says "fused"."""
+    from tvm_lowprec.cli import TABLE_WIDTH, main
+
+    shape = (1, 3, 64, 64)
+    qdq = quantize_qdq(yolo_like(), [rng.standard_normal(shape).astype(np.float32) for _ in range(2)])
+    path = tmp_path / "detector.onnx"
+    onnx.save(qdq, path)
+    assert main(["run", str(path), "--shape", "images=1x3x64x64", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("\n\n")[1].splitlines()
+    assert table[0].startswith("name") and len(table) > 20
+    assert max(len(line.rstrip()) for line in table) <= TABLE_WIDTH
+    fused = [line for line in table[2:] if line.startswith("fused")]
+    assert fused and all(line.split()[1] == "fused" for line in fused)
+    assert any("…" in line for line in fused)

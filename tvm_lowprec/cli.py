@@ -42,6 +42,29 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+TABLE_WIDTH = 120  # the kernel tables fit a terminal of this many columns
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (its start and its numbered end both matter)."""
+    if len(text) <= width:
+        return text
+    tail = (width - 1) // 3
+    return text[: width - 1 - tail] + "…" + text[len(text) - tail:]
+
+
+def _kernel_table(rows: list[dict]) -> str:
+    """The per-kernel table within :data:`TABLE_WIDTH` columns: intrinsics without their ``lowprec_``
+    prefix, and kernel names (long for fused chains) shortened to the width the other columns leave."""
+    rows = [{**r, "intrinsic": str(r["intrinsic"]).removeprefix("lowprec_")} for r in rows]
+    if not rows:
+        return _table(rows)
+    others = [c for c in rows[0] if c != "name"]
+    used = sum(max(len(c), *(len(str(r[c])) for r in rows)) + 2 for c in others)
+    width = max(16, TABLE_WIDTH - used)
+    return _table([{**r, "name": _shorten(str(r["name"]), width)} for r in rows])
+
+
 def _random_inputs(compiled, seed: int) -> dict:
     """Normal floats; 8-bit inputs over their whole range; wider integer inputs are token-id-like
     (small non-negative values), and any input named like a mask is all ones."""
@@ -105,7 +128,7 @@ def cmd_run(args) -> int:
     if compiled.execution != "native":
         return _run_without_timing(compiled, path, inputs, args)
     rows = [{**r, "ms": f"{r['ms']:.4f}", "share": f"{100 * r['share']:.0f}%"} for r in compiled.profile(inputs)]
-    print(_table(rows))
+    print(_kernel_table(rows))
     _flag_unscheduled(compiled)
     outputs = compiled(inputs)
     t_tvm = compiled.benchmark(inputs, number=max(1, args.repeat // 5), repeat=5)
@@ -132,7 +155,7 @@ def _flag_unscheduled(compiled) -> None:
 def _run_without_timing(compiled, path, inputs, args) -> int:
     """A row this host runs emulated (or not at all): the kernel table and the outputs against ONNX
     Runtime, no times (emulated code says nothing about the target's speed)."""
-    print(_table([r.as_row() for r in compiled.kernels()]))
+    print(_kernel_table([r.as_row() for r in compiled.kernels()]))
     _flag_unscheduled(compiled)
     if compiled.execution == "none":
         print(f"\n{compiled.spec.name} cannot run on this host, natively or emulated: compiled only")

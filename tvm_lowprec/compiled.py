@@ -50,11 +50,17 @@ def _describe(gvar, func) -> KernelInfo:
         shape = getattr(out, "shape", ())
     return KernelInfo(
         gvar.name_hint,
-        str(op) if op is not None else gvar.name_hint.rstrip("0123456789_"),
+        str(op) if op is not None else _op_of(gvar.name_hint),
         str(intrinsic) if intrinsic is not None else "none",
         tuple(int(s) if hasattr(s, "value") or isinstance(s, int) else str(s) for s in shape),
         str(attrs.get("lowprec.schedule", "default")),
     )
+
+
+def _op_of(name: str) -> str:
+    """A kernel's operator from its name: ``"fused"`` for a chain TVM fused (its name lists the chain),
+    else the operator's name without the numbering TVM adds (``reshape3`` -> ``reshape``)."""
+    return "fused" if name.startswith("fused_") else name.rstrip("0123456789_")
 
 
 class Compiled:
