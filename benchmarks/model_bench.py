@@ -8,7 +8,8 @@ python benchmarks/model_bench.py --quick --models encoder --threads 1
 python benchmarks/model_bench.py --models cnn,minilm --repeat 20 --out /tmp/models
 
 The models are built (or downloaded) and quantized by ``benchmarks/models/build.py`` into its cache on
-first use. Output: ``results.csv``, ``results.json`` and ``report.md`` in ``--out``.
+first use. Output: ``results.csv``, ``results.json``, ``report.md`` and ``report.png`` (latency per
+model and runtime; with matplotlib) in ``--out``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from models.build import (  # noqa: E402
 from tvm_lowprec.bench.hostinfo import collect_metadata, load_average  # noqa: E402
 from tvm_lowprec.bench.cli_args import names_parser, parse_threads  # noqa: E402
 from tvm_lowprec.bench.providers import ort_session  # noqa: E402
-from tvm_lowprec.bench.report import json_safe, write_csv  # noqa: E402
+from tvm_lowprec.bench.report import json_safe, write_csv, write_latency_plot  # noqa: E402
 
 LOWPREC_ROOT = Path(tvm_lowprec.__file__).resolve().parents[1]  # the checkout actually imported
 
@@ -637,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     write_csv([row for r in results for row in r.rows], args.out / "results.csv", CSV_FIELDS)
     write_json(results, meta, args.out / "results.json")
     report = render_report(results, meta, args.threads)
+    rows = [row for r in results for row in r.rows]
+    if write_latency_plot(rows, [r.name for r in results], LABELS, args.threads, args.out / "report.png"):
+        report += "\n\n![latency per model and runtime](report.png)"
     (args.out / "report.md").write_text(report + "\n")
     print(report)
     return 0

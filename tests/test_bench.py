@@ -20,3 +20,14 @@ def test_tiny_grid_writes_csv_json_and_markdown(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "tvm / ort-qlinearmatmul" in report and "4x32x64" in report
     assert (tmp_path / "results.csv").read_text().count("\n") >= len(rows)
+
+
+def test_latency_plot_of_models_and_runtimes(tmp_path):
+    from tvm_lowprec.bench.report import write_latency_plot
+
+    runtimes = {"ort-int8": "ORT INT8", "tvm-lowprec-int8": "tvm-lowprec INT8"}
+    rows = [{"model": "encoder", "runtime": r, "threads": t, "status": "ok", "ms": 1.0 + i + t}
+            for i, r in enumerate(runtimes) for t in (1, 2)]
+    rows.append({"model": "cnn", "runtime": "ort-int8", "threads": 1, "status": "error", "ms": None})
+    assert write_latency_plot(rows, ["encoder", "cnn"], runtimes, [1, 2], tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000

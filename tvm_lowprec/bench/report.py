@@ -256,11 +256,45 @@ def write_plot(rows: list[dict], meta: dict, path: Path) -> bool:
                     if r["threads"] == threads and r["provider"] == provider and r["status"] in _MEASURED}
             ax.bar([x + i * width for x in range(len(shapes))], [gops.get(s, math.nan) for s in shapes],
                    width, label=provider)
+        if meta.get("peak_gops_per_thread"):  # the instruction ceiling the report's % of peak divides by
+            ax.axhline(meta["peak_gops_per_thread"] * threads, color="black", linestyle="--", linewidth=1,
+                       label="instruction ceiling")
         ax.set_title(f"threads = {threads}")
         ax.set_ylabel("GOPS")
         ax.set_yscale("log")
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
         ax.set_xticklabels(["x".join(map(str, s)) for s in shapes], rotation=45, ha="right")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write_latency_plot(rows: list[dict], models: list[str], runtimes: dict[str, str], threads: list[int],
+                       path: Path) -> bool:
+    """Latency per model and runtime (bars, log scale), one panel per thread count; False without
+    matplotlib. ``rows``: dicts with ``model``, ``runtime``, ``threads``, ``status`` and ``ms``;
+    ``runtimes``: runtime -> label, in bar order."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ms = {(r["model"], r["runtime"], r["threads"]): r["ms"] for r in rows if r.get("status") in _MEASURED}
+    fig, axes = plt.subplots(1, len(threads), figsize=(4 + 2.5 * len(models) * len(threads), 4), squeeze=False)
+    width = 0.8 / len(runtimes)
+    for ax, t in zip(axes[0], threads):
+        for i, (runtime, label) in enumerate(runtimes.items()):
+            ax.bar([x + i * width for x in range(len(models))], [ms.get((m, runtime, t), math.nan) for m in models],
+                   width, label=label)
+        ax.set_title(f"{t} thread(s)")
+        ax.set_ylabel("ms per inference (lower is better)")
+        ax.set_yscale("log")
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(models))])
+        ax.set_xticklabels(models)
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
