@@ -18,7 +18,6 @@ python benchmarks/predict_tiles.py --rows x86-avx-vnni --shapes 16x3072x768 --ou
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ try:
     import tvm_lowprec  # noqa: F401
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tvm_lowprec.bench.report import write_csv  # noqa: E402
 from tvm_lowprec.perfmodel import default_mca_cpu, predict  # noqa: E402
 from tvm_lowprec.hwspec import Tile  # noqa: E402
 from tvm_lowprec.targets import registered_targets  # noqa: E402
@@ -139,10 +139,7 @@ def main(argv=None) -> int:
     for name in filter(None, args.rows.split(",")):
         rows += predict_row(name, args.shapes, lambda line: print(line, file=sys.stderr, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "tiles.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, args.out / "tiles.csv", FIELDS)
     (args.out / "tiles.md").write_text(render(rows, args.top))
     print(f"{len(rows)} predictions in {time.time() - start:.0f} s -> {args.out}/tiles.md", file=sys.stderr)
     return 0

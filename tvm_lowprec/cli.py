@@ -135,9 +135,8 @@ def cmd_run(args) -> int:
     rows = [{"runtime": "tvm-lowprec", "ms": f"{t_tvm * 1e3:.3f}", "tvm-lowprec speed-up": "1.00"}]
     session = _ort_session(path, args.threads)
     if session is not None:
-        as_written = _ort_session(path, args.threads, optimized=False).run(None, inputs)
         print(f"\nmax |tvm-lowprec - onnxruntime| per output: {_max_diffs(outputs, session.run(None, inputs))}")
-        print(f"max |tvm-lowprec - onnxruntime, graph as written (no fusion)|: {_max_diffs(outputs, as_written)}")
+        _print_vs_graph_as_written(outputs, path, inputs, args.threads)
         t_ort = _median_seconds(lambda: session.run(None, inputs), args.repeat)
         rows.append({"runtime": "onnxruntime", "ms": f"{t_ort * 1e3:.3f}", "tvm-lowprec speed-up": f"{t_ort / t_tvm:.2f}"})
     print(f"\nlatency, {args.threads} thread(s), median of {args.repeat} calls:")
@@ -163,11 +162,14 @@ def _run_without_timing(compiled, path, inputs, args) -> int:
     report = compiled.emulation
     print(f"\nthis host lacks {compiled.spec.name}'s instructions: ran emulated ({report.total} intrinsic calls "
           f"replaced by their semantics, retargeted to {report.host_cpu}); no timing")
-    outputs = compiled(inputs)
-    session = _ort_session(path, args.threads, optimized=False)
+    _print_vs_graph_as_written(compiled(inputs), path, inputs, args.threads)
+    return 0
+
+
+def _print_vs_graph_as_written(outputs, path, inputs, threads) -> None:
+    session = _ort_session(path, threads, optimized=False)
     if session is not None:
         print(f"max |tvm-lowprec - onnxruntime, graph as written (no fusion)|: {_max_diffs(outputs, session.run(None, inputs))}")
-    return 0
 
 
 def cmd_tune(args) -> int:

@@ -20,7 +20,6 @@ Emulated code is generic and slow: it checks results, it is never timed.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -80,9 +79,9 @@ def _host_is_x86_64() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-@functools.lru_cache(maxsize=1)
 def known_semantics() -> dict:
-    """LLVM intrinsic -> semantics, from every registered target row's intrinsics."""
+    """LLVM intrinsic -> semantics, from every registered target row's intrinsics (read each time: a
+    row registered later brings its own)."""
     from .targets import registered_targets
 
     table = {}

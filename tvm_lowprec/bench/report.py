@@ -236,8 +236,11 @@ def render_markdown(rows: list[dict], meta: dict) -> str:
 
 # ---------------------------------------------------------------- plot
 
-def write_plot(rows: list[dict], meta: dict, path: Path) -> bool:
-    """Grouped bar chart of GOPS per shape, one panel per thread count; False if matplotlib is missing."""
+def _bar_panels(path: Path, panels: list[tuple[str, dict[str, list[float]], float | None]], groups: list[str],
+                ylabel: str, layout: str, rotate: bool = False) -> bool:
+    """Grouped bars (log scale) in one panel per ``(title, {series label: one value per group},
+    ceiling)``, panels stacked (``layout="rows"``) or side by side (``"columns"``); a dashed line at
+    ``ceiling`` where it is given. False if matplotlib is missing."""
     try:
         import matplotlib
 
@@ -245,30 +248,36 @@ def write_plot(rows: list[dict], meta: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    providers, threads_list = list(meta["benchmark"]["providers"]), meta["threads"]
-    shapes = list(dict.fromkeys((r["M"], r["N"], r["K"]) for r in rows))
-    fig, axes = plt.subplots(len(threads_list), 1, figsize=(max(8, len(shapes)), 4 * len(threads_list)),
-                             squeeze=False)
-    width = 0.8 / len(providers)
-    for ax, threads in zip(axes[:, 0], threads_list):
-        for i, provider in enumerate(providers):
-            gops = {(r["M"], r["N"], r["K"]): r["gops"] for r in rows
-                    if r["threads"] == threads and r["provider"] == provider and r["status"] in _MEASURED}
-            ax.bar([x + i * width for x in range(len(shapes))], [gops.get(s, math.nan) for s in shapes],
-                   width, label=provider)
-        if meta.get("peak_gops_per_thread"):  # the instruction ceiling the report's % of peak divides by
-            ax.axhline(meta["peak_gops_per_thread"] * threads, color="black", linestyle="--", linewidth=1,
-                       label="instruction ceiling")
-        ax.set_title(f"threads = {threads}")
-        ax.set_ylabel("GOPS")
+    n = len(panels)
+    shape, size = ((n, 1), (max(8, len(groups)), 4 * n)) if layout == "rows" else ((1, n), (4 + 2.5 * len(groups) * n, 4))
+    fig, axes = plt.subplots(*shape, figsize=size, squeeze=False)
+    for ax, (title, series, ceiling) in zip(axes.ravel(), panels):
+        width = 0.8 / max(1, len(series))
+        for i, (label, values) in enumerate(series.items()):
+            ax.bar([x + i * width for x in range(len(groups))], values, width, label=label)
+        if ceiling:
+            ax.axhline(ceiling, color="black", linestyle="--", linewidth=1, label="instruction ceiling")
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
         ax.set_yscale("log")
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
-        ax.set_xticklabels(["x".join(map(str, s)) for s in shapes], rotation=45, ha="right")
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))])
+        ax.set_xticklabels(groups, rotation=45 if rotate else 0, ha="right" if rotate else "center")
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def write_plot(rows: list[dict], meta: dict, path: Path) -> bool:
+    """Grouped bar chart of GOPS per shape, one panel per thread count, with the instruction ceiling the
+    report's % of peak divides by (when known); False if matplotlib is missing."""
+    shapes = list(dict.fromkeys((r["M"], r["N"], r["K"]) for r in rows))
+    gops = {(r["threads"], r["provider"], r["M"], r["N"], r["K"]): r["gops"] for r in rows if r["status"] in _MEASURED}
+    peak = meta.get("peak_gops_per_thread")
+    panels = [(f"threads = {t}", {p: [gops.get((t, p, *s), math.nan) for s in shapes] for p in meta["benchmark"]["providers"]},
+               peak * t if peak else None) for t in meta["threads"]]
+    return _bar_panels(path, panels, ["x".join(map(str, s)) for s in shapes], "GOPS", "rows", rotate=True)
 
 
 def write_latency_plot(rows: list[dict], models: list[str], runtimes: dict[str, str], threads: list[int],
@@ -276,30 +285,10 @@ def write_latency_plot(rows: list[dict], models: list[str], runtimes: dict[str, 
     """Latency per model and runtime (bars, log scale), one panel per thread count; False without
     matplotlib. ``rows``: dicts with ``model``, ``runtime``, ``threads``, ``status`` and ``ms``;
     ``runtimes``: runtime -> label, in bar order."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
     ms = {(r["model"], r["runtime"], r["threads"]): r["ms"] for r in rows if r.get("status") in _MEASURED}
-    fig, axes = plt.subplots(1, len(threads), figsize=(4 + 2.5 * len(models) * len(threads), 4), squeeze=False)
-    width = 0.8 / len(runtimes)
-    for ax, t in zip(axes[0], threads):
-        for i, (runtime, label) in enumerate(runtimes.items()):
-            ax.bar([x + i * width for x in range(len(models))], [ms.get((m, runtime, t), math.nan) for m in models],
-                   width, label=label)
-        ax.set_title(f"{t} thread(s)")
-        ax.set_ylabel("ms per inference (lower is better)")
-        ax.set_yscale("log")
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(models))])
-        ax.set_xticklabels(models)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    panels = [(f"{t} thread(s)", {label: [ms.get((m, runtime, t), math.nan) for m in models]
+                                  for runtime, label in runtimes.items()}, None) for t in threads]
+    return _bar_panels(path, panels, models, "ms per inference (lower is better)", "columns")
 
 
 def write_reports(rows: list[dict], meta: dict, out_dir: Path) -> Path:

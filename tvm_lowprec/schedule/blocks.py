@@ -11,3 +11,10 @@ def find_block(sch, name: str):
         return sch.get_sblock(name)
     except ScheduleError:
         return None
+
+
+def root_children(sch) -> tuple[object, list]:
+    """(the root block or None, the blocks directly under it): te-made functions have a root block,
+    TVMScript ones may not (then no blocks)."""
+    root = find_block(sch, "root")
+    return root, (list(sch.get_child_blocks(root)) if root is not None else [])

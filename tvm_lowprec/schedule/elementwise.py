@@ -11,7 +11,7 @@ from __future__ import annotations
 import tvm
 from tvm.s_tir import Schedule
 
-from .blocks import find_block
+from .blocks import root_children
 
 _VECTOR = 16
 _MIN_PARALLEL = 1 << 14  # below this many elements a thread fork costs more than it saves
@@ -22,8 +22,7 @@ class ElementwiseRule:
         if func.attrs is not None and func.attrs.get("lowprec.op", None) is not None:
             return None
         sch = Schedule(func)
-        root = find_block(sch, "root")  # te-made funcs have a root block, TVMScript ones may not
-        blocks = sch.get_child_blocks(root) if root is not None else []
+        root, blocks = root_children(sch)
         if not blocks or any(iv.iter_type != 0 for b in blocks for iv in sch.get(b).iter_vars):
             return None  # empty, or a reduction: not ours
         leaves = []  # the blocks that write the function's outputs (several for a split)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tvm
 from tvm.s_tir import Schedule
 
-from .blocks import find_block
+from .blocks import root_children
 
 MAX_WINDOW = 256  # reduction points per output: larger reductions are not windows (layer norm, softmax)
 _VECTOR = 16
@@ -29,8 +29,7 @@ class WindowReductionRule:
         if func.attrs is not None and func.attrs.get("lowprec.op", None) is not None:
             return None
         sch = Schedule(func)
-        root = find_block(sch, "root")
-        blocks = sch.get_child_blocks(root) if root is not None else []
+        root, blocks = root_children(sch)
         if not blocks or not _is_window(sch.get(blocks[-1])):
             return None
         for producer in blocks[:-1]:  # the padding
