@@ -24,8 +24,9 @@ setup(
     ],
     extras_require={
         # the tests run the benchmarks' code paths too: everything the benchmarks import but torch
-        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl"],
-        "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl"],
+        # (sympy: ONNX Runtime's quant_pre_process, which builds the benchmark models, imports it)
+        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy"],
+        "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy"],
     },
     entry_points={"console_scripts": ["tvm-lowprec=tvm_lowprec.cli:main"]},
 )

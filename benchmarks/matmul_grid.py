@@ -45,6 +45,14 @@ PEAK_DIR = Path(__file__).resolve().parent / "peak"
 PEAK_PROGRAMS = {
     "vpmaddubsw_ymm": ("peak_avx2.c", "vpmaddubsw ymm"),
     "vpmaddwd_ymm": ("peak_avx2.c", "vpmaddwd ymm"),
+    "vpdpbusd_zmm": ("peak_vnni.c", "vpdpbusd zmm"),
+    "vpdpbusd_ymm": ("peak_vnni.c", "vpdpbusd ymm"),
+}
+# peak program -> the compiler flags it needs
+PEAK_FLAGS = {
+    "peak_avx2.c": ["-mavx2"],
+    "peak_vnni.c": ["-mavx512f", "-mavx512vl", "-mavx512vnni"],
+    "read_bw.c": ["-mavx2"],
 }
 
 
@@ -54,7 +62,8 @@ def _compile_and_run(source: str, args: list[str]) -> str:
         raise SystemExit("--measure-peak needs gcc")
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "peak"
-        subprocess.run([compiler, "-O2", "-mavx2", "-pthread", str(PEAK_DIR / source), "-o", str(exe)], check=True)
+        subprocess.run([compiler, "-O2", *PEAK_FLAGS[source], "-pthread", str(PEAK_DIR / source), "-o", str(exe)],
+                       check=True)
         return subprocess.run([str(exe), *args], check=True, capture_output=True, text=True).stdout
 
 

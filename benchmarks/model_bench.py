@@ -310,14 +310,15 @@ def prepare_runtime(runtime: str, built: BuiltModel, feed: dict, threads: int, r
         return _row(name, runtime, threads, status="error", error=error_text(err))
 
 
-def bench_threads(built: BuiltModel, feed: dict, threads: int, refs: References, timing: Timing):
-    """All runtimes at one thread count, timed interleaved: (rows in RUNTIMES order, runners)."""
+def bench_threads(built: BuiltModel, feed: dict, threads: int, refs: References, timing: Timing,
+                  runtimes: tuple[str, ...] = RUNTIMES):
+    """The runtimes at one thread count, timed interleaved: (rows in ``runtimes`` order, runners)."""
     name = built.spec.name
-    prepared = {runtime: prepare_runtime(runtime, built, feed, threads, refs) for runtime in RUNTIMES}
+    prepared = {runtime: prepare_runtime(runtime, built, feed, threads, refs) for runtime in runtimes}
     ready = {r: p for r, p in prepared.items() if isinstance(p, tuple)}
     timed = measure_interleaved({r: (p[0], p[1]) for r, p in ready.items()}, timing)
     rows, runners = [], {}
-    for runtime in RUNTIMES:
+    for runtime in runtimes:
         if runtime not in ready:
             rows.append(prepared[runtime])
             continue
@@ -352,25 +353,26 @@ class ModelResult:
     build: dict = field(default_factory=dict)  # the model's build manifest (seeds, quantization, ops, sha256)
 
 
-def _skip_rows(name: str, threads: list[int], status: str, reason: str) -> list[dict]:
-    return [_row(name, r, t, status=status, error=reason) for t in threads for r in RUNTIMES]
+def _skip_rows(name: str, threads: list[int], status: str, reason: str,
+               runtimes: tuple[str, ...] = RUNTIMES) -> list[dict]:
+    return [_row(name, r, t, status=status, error=reason) for t in threads for r in runtimes]
 
 
 def prepare_model(spec: ModelSpec, cache: Path, reduce_range: bool = False) -> tuple[BuiltModel | None, str]:
     try:
         return ensure_model(spec, cache, reduce_range=reduce_range), ""
-    except ModelUnavailable as err:
+    except (ModelUnavailable, ImportError) as err:
         return None, f"model unavailable: {err}"
     except ort_errors() as err:
         return None, f"build/quantization failed: {error_text(err)}"
 
 
 def bench_model(spec: ModelSpec, threads: list[int], timing: Timing, cache: Path,
-                reduce_range: bool = False) -> ModelResult:
+                reduce_range: bool = False, runtimes: tuple[str, ...] = RUNTIMES) -> ModelResult:
     result = ModelResult(spec.name, spec.description)
     built, reason = prepare_model(spec, cache, reduce_range)
     if built is None:
-        result.error, result.rows = reason, _skip_rows(spec.name, threads, "skipped", reason)
+        result.error, result.rows = reason, _skip_rows(spec.name, threads, "skipped", reason, runtimes)
         return result
     result.build = built.manifest
     feed = make_feed(spec)
@@ -378,12 +380,12 @@ def bench_model(spec: ModelSpec, threads: list[int], timing: Timing, cache: Path
         refs = reference_outputs(built, feed)
     except ort_errors() as err:
         result.error = f"ORT reference failed: {error_text(err)}"
-        result.rows = _skip_rows(spec.name, threads, "skipped", result.error)
+        result.rows = _skip_rows(spec.name, threads, "skipped", result.error, runtimes)
         return result
     result.qdq_sensitivity = refs.qdq_sensitivity
     profile_at = 1 if 1 in threads else min(threads)
     for t in threads:
-        rows, runners = bench_threads(built, feed, t, refs, timing)
+        rows, runners = bench_threads(built, feed, t, refs, timing, runtimes)
         result.rows += rows
         runner = runners.get("tvm-lowprec-int8")
         if runner is not None:
@@ -403,8 +405,8 @@ def git_revision(repo: Path) -> str:
                              text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "tvm_lowprec"],
                                capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
+    except (OSError, subprocess.CalledProcessError):  # a copy of the tree (the GPU machine's) names its commit
+        return os.environ.get("LOWPREC_GIT", "unknown (not a git checkout)")
     return f"{rev} (tvm_lowprec/ has uncommitted changes)" if dirty else rev
 
 
@@ -466,7 +468,7 @@ def latency_table(result: ModelResult, threads: list[int]) -> list[str]:
     head = ["runtime"] + [f"{t} thr (ms)" for t in threads]
     head += [f"÷ ORT INT8 ({t} thr)" for t in threads] + [f"÷ ORT FP32 ({t} thr)" for t in threads]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
-    for runtime in RUNTIMES:
+    for runtime in [r for r in RUNTIMES if any(row["runtime"] == r for row in result.rows)]:
         found = [_find(result.rows, runtime, t) for t in threads]
         cells = [_cell(r) for r in found]
         cells += [_ratio(r, _find(result.rows, "ort-int8", t)) for r, t in zip(found, threads)]
@@ -541,10 +543,11 @@ def profile_table(profile: dict | None, end_to_end: dict | None) -> list[str]:
     plural = "s" if profile["threads"] > 1 else ""
     lines = [f"Top {PROFILE_TOP} of {profile['kernels']} kernels at {profile['threads']} thread{plural}; "
              f"kernel times sum to {_ms(total)} ms{e2e}.", "",
-             "| # | kernel | op | intrinsic | shape | ms | share |", "|---:|---|---|---|---|---:|---:|"]
+             "| # | kernel | op | intrinsic | shape | ms | GOPS | share |", "|---:|---|---|---|---|---:|---:|---:|"]
     for i, r in enumerate(profile["rows"][:PROFILE_TOP], 1):
+        gops = "—" if r.get("gops") is None else f"{r['gops']:.1f}"
         lines.append(f"| {i} | `{_short(r['name'])}` | {_op_summary(r)} | {r['intrinsic']} | {r['shape']} | "
-                     f"{_ms(r['ms'])} | {r['share'] * 100:.1f}% |")
+                     f"{_ms(r['ms'])} | {gops} | {r['share'] * 100:.1f}% |")
     return lines
 
 
@@ -613,6 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="shorter timing (a smoke test)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="model cache folder (build.py's)")
+    parser.add_argument("--runtimes", type=names_parser(RUNTIMES, "runtime"), default=list(RUNTIMES),
+                        help=f"comma-separated (default: {','.join(RUNTIMES)}); TVM FP32 takes seconds per call")
     parser.add_argument("--reduce-range", action="store_true",
                         help="INT8 models with 7-bit weights (exact for ORT's and tvm-lowprec's vpmaddubsw kernels "
                              "on CPUs without VNNI); default --out: benchmarks/results/models-reduce-range")
@@ -632,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         _log(f"{name}: {MODELS[name].description}")
-        results.append(bench_model(MODELS[name], args.threads, timing, args.cache, args.reduce_range))
+        results.append(bench_model(MODELS[name], args.threads, timing, args.cache, args.reduce_range,
+                                   tuple(args.runtimes)))
     meta = run_metadata(args, timing, load_start, git_start)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv([row for r in results for row in r.rows], args.out / "results.csv", CSV_FIELDS)

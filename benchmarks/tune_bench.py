@@ -42,7 +42,7 @@ from tvm_lowprec.bench.cli_args import parse_threads  # noqa: E402
 from tvm_lowprec.bench.hostinfo import load_average  # noqa: E402
 from tvm_lowprec.bench.problems import make_problem, qlinearmatmul_model  # noqa: E402
 from tvm_lowprec.bench.report import json_safe  # noqa: E402
-from tvm_lowprec.tune import export_best  # noqa: E402
+from tvm_lowprec.tune import COST_MODELS, export_best  # noqa: E402
 
 GRID = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (128, 3072, 768), (128, 768, 3072)]
 DEFAULT_MODELS = ["encoder", "minilm", "cnn"]
@@ -61,7 +61,8 @@ def bench_case(name: str, mod, onnx_model, feed: dict, args, ops: int | None) ->
     """Tune ``mod``, then time default / tuned / ORT per thread count."""
     trials = args.trials if ops is not None else args.model_trials
     mb._log(f"{name}: tuning, {trials} trials per kernel")
-    tuning = tvm_lowprec.tune(mod, "native", trials=trials, work_dir=args.work_dir, progress=True)
+    tuning = tvm_lowprec.tune(mod, "native", trials=trials, work_dir=args.work_dir, progress=True,
+                              cost_model=args.cost_model)
     print(tuning.table(), flush=True)
     rows = []
     for threads in args.threads:
@@ -148,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the best record per kernel to SHIP/<target row>/ (e.g. schedules)")
     parser.add_argument("--peak-gops", type=float, default=None, help="one thread's int8 peak; adds %% of peak")
     parser.add_argument("--quick", action="store_true", help="shorter timing")
+    parser.add_argument("--cost-model", choices=COST_MODELS,
+                        default="xgb", help="MetaSchedule's cost model (random: no xgboost needed)")
     parser.add_argument("--seed", type=int, default=0)
     return parser
 

@@ -116,6 +116,15 @@ def test_profile_times_every_kernel(compiled, rng):
     rows = compiled.profile(rng.integers(0, 256, (4, 32)).astype(np.uint8), repeat=3)
     assert {r["name"] for r in rows} == {k.name for k in compiled.kernels()}
     assert all(r["ms"] > 0 for r in rows) and abs(sum(r["share"] for r in rows) - 1) < 1e-6
+    # GEMM kernels count 2·M·N·K integer operations per call; the others have no GOPS
+    for r in rows:
+        info = next(k for k in compiled.kernels() if k.name == r["name"])
+        if r["op"] == "qgemm":
+            m, n, k = info.shape
+            assert info.ops == 2 * m * n * k and r["gops"] == pytest.approx(info.ops * r["calls"] / r["ms"] / 1e6)
+        else:
+            assert info.ops is None and r["gops"] is None
+    assert any(r["op"] == "qgemm" for r in rows)
 
 
 def test_cli_runs_the_shipped_demo_model(capsys):

@@ -2,6 +2,7 @@
 accuracy report and the FP32 fallback, checked against hand-computed values, FP32 and ONNX Runtime."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,12 +14,24 @@ from tvm_lowprec.ptq import (
     QuantConfig, QuantSpec, accuracy_report, quantize,
 )
 from tvm_lowprec.ptq.observers import TensorStats, observed_range, qparams
+from tvm_lowprec.targets import registered_targets, resolve_target
 
 from models import fp32_cnn, fp32_linear, quantize_qdq
 from reference import ort_session
 
 
 # ----------------------------------------------------------------------------- observers
+
+
+def test_reduced_range_qparams():
+    """7 bits: ONNX Runtime's reduce_range ranges; symmetric int8 keeps +-63, symmetric uint8 centres on 64."""
+    from tvm_lowprec.ptq.observers import qrange
+
+    assert qrange("int8", True, 7) == (-63, 63) and qrange("int8", False, 7) == (-64, 63)
+    assert qrange("uint8", False, 7) == (0, 127) and qrange("int8", True) == (-127, 127)
+    scale, zp = qparams(-2.0, 1.0, "int8", symmetric=True, bits=7)
+    assert scale == np.float32(2 / 63) and zp == 0
+    assert qparams(-1.0, 1.0, "uint8", symmetric=True, bits=7) == (np.float32(2 / 127), 64)
 
 
 def test_qparams_hand_computed():
@@ -68,7 +81,7 @@ def test_mse_range_beats_minmax_on_heavy_tails(rng):
 def test_config_json_round_trip():
     config = QuantConfig(
         activations=QuantSpec("int8", symmetric=True, observer=Percentile(99.99)),
-        weights=QuantSpec("int8", True, PerChannel(0), MSE(steps=40)),
+        weights=QuantSpec("int8", True, PerChannel(0), MSE(steps=40), bits=7),
         operators=("conv2d",),
         overrides=(LayerOverride("conv1", activations=QuantSpec("uint8", observer=Entropy(1024))),
                    LayerOverride("head", skip=True), LayerOverride("blocked", weights=QuantSpec("int8", True, PerGroup(64)))),
@@ -87,7 +100,7 @@ def test_default_config_is_like_ort_quantize_static():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: QuantSpec("int4"), lambda: Percentile(10), lambda: Entropy(16), lambda: MSE(steps=1), lambda: PerGroup(0),
+    lambda: QuantSpec("int4"), lambda: QuantSpec("int8", bits=9), lambda: QuantSpec("uint8", bits=1), lambda: Percentile(10), lambda: Entropy(16), lambda: MSE(steps=1), lambda: PerGroup(0),
     lambda: QuantConfig(operators=("softmax",)),
     lambda: QuantConfig(overrides=(LayerOverride("a"), LayerOverride("a", skip=True))),
     lambda: QuantConfig.from_json('{"type": "Nope"}'),
@@ -110,7 +123,7 @@ def _compare_with_ort(model, shape, rng, per_channel=True):
     cal = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
     held = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
     mod = tvm_lowprec.from_onnx(model)
-    qmod = quantize(mod, cal, progress=False)
+    qmod = quantize(mod, cal, QuantConfig(), progress=False)  # like-for-like with ORT's defaults on any host
     compiled = tvm_lowprec.compile(qmod, target="native")
     fp32 = ort_session(model, optimized=False)
     ort_int8 = ort_session(quantize_qdq(model, cal, per_channel=per_channel), optimized=False)
@@ -274,3 +287,58 @@ def test_one_calibration_serves_several_configs(rng):
         direct = tvm_lowprec.compile(quantize(mod, cal, config, progress=False))(x)[0]
         shared = tvm_lowprec.compile(quantize(mod, config=config, observations=obs))(x)[0]
         np.testing.assert_array_equal(direct, shared)
+
+
+# ----------------------------------------------------------------------------- quantize for the target
+
+
+@pytest.mark.parametrize("name", sorted(registered_targets()))
+def test_target_default_weights_fit_the_fast_recipe(name):
+    """Rows with a bounded (int16-pair) recipe get the widest weights that recipe accepts whatever their
+    values; the others keep 8 bits."""
+    from tvm_lowprec.ptq.observers import qrange
+
+    spec = resolve_target(name)
+    weights = QuantConfig.for_target(name).weights
+    if not spec.bounded:
+        assert weights == QuantConfig().weights
+        return
+    assert weights == QuantSpec("int8", True, PerChannel(), MinMax(), bits=weights.bits) and weights.bits < 8
+    for extreme in qrange("int8", True, weights.bits):  # the worst case: every weight at one end
+        assert all(r.intrin.accepts(np.full((64, 16), extreme, np.int8)) for r in spec.bounded)
+    wider = qrange("int8", True, weights.bits + 1)[1]
+    assert not all(r.intrin.accepts(np.full((64, 16), wider, np.int8)) for r in spec.bounded)
+
+
+def test_quantize_for_a_target_without_vnni_takes_the_fast_exact_recipe(rng, caplog):
+    """On x86-avx2 the default weights are 7-bit, so the GEMM runs vpmaddubsw (exact for them); the
+    report says so with the SQNR against 8-bit weights; an explicit QuantConfig() keeps 8 bits
+    (vpmaddwd), and a VNNI row keeps 8 bits without a note."""
+    model = fp32_linear((8, 64), 64, act="relu", layers=2)
+    mod = tvm_lowprec.from_onnx(model)
+    cal = [rng.standard_normal((8, 64)).astype(np.float32) for _ in range(6)]
+
+    def gemm_intrinsics(qmod, target):
+        return {k.intrinsic for k in tvm_lowprec.compile(qmod, target=target).kernels() if k.op == "qgemm"}
+
+    with caplog.at_level("WARNING", logger="tvm_lowprec.ptq"):
+        reduced = quantize(mod, cal, target="x86-avx2", progress=False)
+    assert gemm_intrinsics(reduced, "x86-avx2") == {"lowprec_vpmaddubsw_ymm_uint8_8x4"}
+    note = next(r.getMessage() for r in caplog.records if "7 bits" in r.getMessage())
+    reduced_db, full_db = (float(x) for x in re.findall(r"(-?[\d.]+) dB", note)[:2])
+    report = accuracy_report(mod, reduced, cal[:2], target="x86-avx2", progress=False)
+    assert report.notes == [note] and "Note: weights quantized to 7 bits for target x86-avx2" in report.table()
+    assert report.to_dict()["notes"] == [note]
+    assert 20.0 < reduced_db < full_db  # one bit less: about 6 dB less signal to noise, here
+    full = quantize(mod, cal, QuantConfig(), target="x86-avx2", progress=False)
+    assert gemm_intrinsics(full, "x86-avx2") == {"lowprec_vpmaddwd_ymm_int16_wideb_8x2"}
+    assert "lowprec.ptq_notes" not in full["main"].attrs
+    vnni = quantize(mod, cal, target="x86-avx512-vnni", progress=False)
+    assert "lowprec.ptq_notes" not in vnni["main"].attrs
+
+
+def test_reduced_bits_are_for_weights_only():
+    mod = tvm_lowprec.from_onnx(fp32_linear((4, 16), 16))
+    data = [np.ones((4, 16), np.float32)]
+    with pytest.raises(ConfigError, match="bits=7 is for weights"):
+        quantize(mod, data, QuantConfig(activations=QuantSpec("uint8", bits=7)), progress=False)

@@ -165,11 +165,26 @@ def test_validated_schedules_rank_before_single_measurements(tmp_path):
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """One 2-trial tuning run (the default schedule, then one searched candidate), shared."""
+    """One 2-trial tuning run (the default schedule, then one searched candidate), shared. It uses the
+    random cost model (the XGBoost one: the interrupted, remote and CLI runs below)."""
     if not runnable(resolve_target("native")):
         pytest.skip("needs a host that runs the native row")
     work = tmp_path_factory.mktemp("tuned") / "db"
-    return tvm_lowprec.tune(tvm_lowprec.from_onnx(_model()), "native", trials=2, work_dir=work, progress=False)
+    return tvm_lowprec.tune(tvm_lowprec.from_onnx(_model()), "native", trials=2, work_dir=work, progress=False,
+                            cost_model="random")
+
+
+def test_cost_model_is_checked_before_tuning(tmp_path, monkeypatch):
+    from tvm_lowprec.tune import tuner
+
+    mod = tvm_lowprec.from_onnx(_model())
+    with pytest.raises(ValueError, match="cost_model must be one of xgb, random"):
+        tvm_lowprec.tune(mod, "native", trials=2, work_dir=tmp_path, cost_model="gbm")
+    real = tuner.importlib.util.find_spec
+    monkeypatch.setattr(tuner.importlib.util, "find_spec", lambda name: None if name == "xgboost" else real(name))
+    with pytest.raises(TuningError, match=r"needs the xgboost package.*cost_model='random'"):
+        tvm_lowprec.tune(mod, "native", trials=2, work_dir=tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 def _schedules(compiled):

@@ -127,7 +127,8 @@ def cmd_run(args) -> int:
     inputs = _random_inputs(compiled, args.seed)
     if compiled.execution != "native":
         return _run_without_timing(compiled, path, inputs, args)
-    rows = [{**r, "ms": f"{r['ms']:.4f}", "share": f"{100 * r['share']:.0f}%"} for r in compiled.profile(inputs)]
+    rows = [{**r, "ms": f"{r['ms']:.4f}", "gops": "" if r["gops"] is None else f"{r['gops']:.1f}",
+             "share": f"{100 * r['share']:.0f}%"} for r in compiled.profile(inputs)]
     print(_kernel_table(rows))
     _flag_unscheduled(compiled)
     outputs = compiled(inputs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -27,6 +28,7 @@ class KernelInfo:
     intrinsic: str
     shape: tuple
     schedule: str = "default"
+    ops: int | None = None  # integer operations per call (2 per multiply-add), where the op defines them
 
     def as_row(self) -> dict:
         return {"name": self.name, "op": self.op, "intrinsic": self.intrinsic, "shape": "x".join(map(str, self.shape)),
@@ -54,7 +56,18 @@ def _describe(gvar, func) -> KernelInfo:
         str(intrinsic) if intrinsic is not None else "none",
         tuple(int(s) if hasattr(s, "value") or isinstance(s, int) else str(s) for s in shape),
         str(attrs.get("lowprec.schedule", "default")),
+        _ops(attrs),
     )
+
+
+def _ops(attrs) -> int | None:
+    """2 x the multiply-adds of one call: a GEMM's M·N·K (times its batch), a depthwise convolution's
+    output size times its window."""
+    op, shape = attrs.get("lowprec.op", None), attrs.get("lowprec.shape", None)
+    if op not in ("qgemm", "qdepthwise") or shape is None:
+        return None
+    count = 2 * math.prod(int(s) for s in shape)
+    return count * max(int(attrs.get("lowprec.batch", 0)), 1) if op == "qgemm" else count
 
 
 def _op_of(name: str) -> str:
@@ -158,7 +171,8 @@ class Compiled:
     def profile(self, *args, repeat: int = 20, **kwargs) -> list[dict]:
         """Per-kernel time: one row per generated kernel (its :meth:`kernels` fields plus ``ms``, its time
         per model run summed over all its calls (identical layers share one kernel), median over
-        ``repeat`` runs, and ``share`` of the summed kernel time), slowest first.
+        ``repeat`` runs, ``calls`` per run, ``gops`` (integer GEMM and depthwise kernels: ``ops`` per
+        second; None for the rest) and ``share`` of the summed kernel time), slowest first.
 
         Times come from a VM instrument around each kernel call; the callback's own overhead (a few
         microseconds a call) is included, so sub-10 us kernels read high.
@@ -187,7 +201,9 @@ class Compiled:
             times = samples.get(info.name)
             if times:
                 per_run = float(np.median(times)) * len(times) / repeat  # a kernel may run several times
-                rows.append({**info.as_row(), "ms": per_run * 1e3, "calls": len(times) // repeat})
+                calls = len(times) // repeat
+                gops = info.ops * calls / per_run / 1e9 if info.ops else None
+                rows.append({**info.as_row(), "ms": per_run * 1e3, "calls": calls, "gops": gops})
         total = sum(r["ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["ms"] / total

@@ -167,6 +167,18 @@ class TargetSpec:
         """In the order they are tried; the last one accepts every weight."""
         return (*self.bounded, GemmRecipe(self.gemm, self.tiles))
 
+    def fast_weight_bits(self) -> int | None:
+        """Bits of symmetric int8 weights (|w| <= 2**(bits-1) - 1) that every bounded recipe of the row
+        accepts whatever their values, or None for a row without bounded recipes (its exact recipe is
+        the fast one)."""
+        bounds = [r.intrin.weight_pair_bound for r in self.bounded]
+        if not bounds:
+            return None
+        bits = 8
+        while bits > 2 and 2 * (2 ** (bits - 1) - 1) > min(bounds):  # a pair of weights of one sign
+            bits -= 1
+        return bits
+
     def recipe_for(self, b_signed=None) -> GemmRecipe:
         return next(r for r in self.recipes() if r.intrin.accepts(b_signed))
 

@@ -113,10 +113,15 @@ class QuantSpec:
     symmetric: bool = False
     granularity: Granularity = field(default_factory=PerTensor)
     observer: Observer = field(default_factory=MinMax)
+    # the integer range used, in bits of ``dtype`` (7: ONNX Runtime's reduce_range, [-64, 63] or [0, 127];
+    # symmetric int8 leaves out the lowest value, [-63, 63])
+    bits: int = 8
 
     def __post_init__(self):
         if self.dtype not in ("uint8", "int8"):
             raise ConfigError(f"quantized dtype must be 'uint8' or 'int8', got {self.dtype!r}")
+        if not isinstance(self.bits, int) or not 2 <= self.bits <= 8:
+            raise ConfigError(f"bits must be an integer from 2 to 8 (the range within {self.dtype}), got {self.bits!r}")
 
 
 DEFAULT_ACTIVATIONS = QuantSpec("uint8", symmetric=False, granularity=PerTensor(), observer=MinMax())
@@ -159,6 +164,19 @@ class QuantConfig:
         names = [o.layer for o in self.overrides]
         if len(names) != len(set(names)):
             raise ConfigError(f"more than one override for a layer: {sorted(n for n in names if names.count(n) > 1)}")
+
+    @classmethod
+    def for_target(cls, target="native") -> "QuantConfig":
+        """The default config for a target row: ONNX Runtime's defaults, except that on a row whose fast
+        exact recipe takes bounded weights (``vpmaddubsw`` without VNNI, which sums pairs of products in
+        int16), weights use the widest range it accepts for any values (7 bits), as ORT's
+        ``reduce_range`` does there. :func:`~tvm_lowprec.ptq.quantize` with no config uses this."""
+        from ..targets import resolve_target
+
+        bits = resolve_target(target).fast_weight_bits()
+        if bits is None or bits >= DEFAULT_WEIGHTS.bits:
+            return cls()
+        return cls(weights=dataclasses.replace(DEFAULT_WEIGHTS, bits=bits))
 
     def for_layer(self, name: str) -> LayerOverride:
         """The effective settings of layer ``name`` (its override merged over the defaults)."""

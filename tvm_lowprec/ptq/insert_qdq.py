@@ -26,14 +26,16 @@ class TensorQuant:
     zero_point: np.ndarray  # dtype, same shape
     dtype: str
     axis: int = -1
+    limits: tuple[int, int] | None = None  # the integer range used, if narrower than dtype's (7-bit weights)
 
     def quantize(self, values: np.ndarray) -> np.ndarray:
         info = np.iinfo(self.dtype)
+        lo, hi = self.limits or (info.min, info.max)
         shape = [1] * values.ndim
         if self.scale.ndim:
             shape[self.axis] = -1
         s, z = self.scale.reshape(shape), self.zero_point.astype(np.int32).reshape(shape)
-        return np.clip(np.rint(values.astype(np.float32) / s) + z, info.min, info.max).astype(self.dtype)
+        return np.clip(np.rint(values.astype(np.float32) / s) + z, lo, hi).astype(self.dtype)
 
     def consts(self):
         return relax.const(self.scale.astype(np.float32)), relax.const(self.zero_point.astype(self.dtype))

@@ -16,10 +16,11 @@ SAMPLE_CAP = 1 << 16
 _QRANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 
 
-def qrange(dtype: str, symmetric: bool) -> tuple[int, int]:
-    """Integer range used: symmetric int8 leaves out -128 so that +-max are both representable."""
-    lo, hi = _QRANGE[dtype]
-    return (-127, 127) if symmetric and dtype == "int8" else (lo, hi)
+def qrange(dtype: str, symmetric: bool, bits: int = 8) -> tuple[int, int]:
+    """Integer range used: ``bits`` of ``dtype`` (7: [-64, 63] or [0, 127]); symmetric int8 leaves out
+    the lowest value so that +-max are both representable ([-127, 127], [-63, 63])."""
+    lo, hi = _QRANGE[dtype] if bits == 8 else (0, 2 ** bits - 1) if dtype == "uint8" else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+    return (-hi, hi) if symmetric and dtype == "int8" else (lo, hi)
 
 
 class TensorStats:
@@ -43,7 +44,7 @@ class TensorStats:
         self.sample, self.seen = np.concatenate([old, new]), total
 
 
-def observed_range(observer, lo: float, hi: float, sample: np.ndarray, dtype: str, symmetric: bool):
+def observed_range(observer, lo: float, hi: float, sample: np.ndarray, dtype: str, symmetric: bool, bits: int = 8):
     """The (low, high) clipping range that ``observer`` picks; always contains 0."""
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
     if isinstance(observer, MinMax) or hi - lo == 0.0 or sample.size == 0:
@@ -55,10 +56,10 @@ def observed_range(observer, lo: float, hi: float, sample: np.ndarray, dtype: st
         return min(float(np.percentile(sample, 100.0 - observer.percentile)), 0.0), \
             max(float(np.percentile(sample, observer.percentile)), 0.0)
     if isinstance(observer, Entropy):
-        t = entropy_threshold(sample, observer.bins, levels=128 if lo < 0 else 256)
+        t = entropy_threshold(sample, observer.bins, levels=2 ** (bits - 1) if lo < 0 else 2 ** bits)
         return max(lo, -t), min(hi, t)
     if isinstance(observer, MSE):
-        return mse_range(sample, lo, hi, observer, dtype, symmetric)
+        return mse_range(sample, lo, hi, observer, dtype, symmetric, bits)
     raise ConfigError(f"unknown observer {observer!r}")
 
 
@@ -113,31 +114,32 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
     return float(np.sum(p * np.log(p / q)))
 
 
-def mse_range(sample: np.ndarray, lo: float, hi: float, observer: MSE, dtype: str, symmetric: bool):
+def mse_range(sample: np.ndarray, lo: float, hi: float, observer: MSE, dtype: str, symmetric: bool, bits: int = 8):
     """Among the full range shrunk by fractions in [min_fraction, 1], the one whose quantization of
     ``sample`` has the smallest mean squared error."""
     x = sample.astype(np.float64)
-    qmin, qmax = qrange(dtype, symmetric)
+    qmin, qmax = qrange(dtype, symmetric, bits)
     best, best_range = np.inf, (lo, hi)
     for fraction in np.linspace(observer.min_fraction, 1.0, observer.steps):
         cand = (lo * fraction, hi * fraction)
-        scale, zp = qparams(*cand, dtype, symmetric)
+        scale, zp = qparams(*cand, dtype, symmetric, bits)
         err = np.mean(((np.clip(np.rint(x / scale) + zp, qmin, qmax) - zp) * scale - x) ** 2)
         if err < best:
             best, best_range = err, cand
     return best_range
 
 
-def qparams(lo: float, hi: float, dtype: str, symmetric: bool) -> tuple[np.float32, int]:
-    """Scale and zero point that map [lo, hi] (containing 0) onto ``dtype``.
+def qparams(lo: float, hi: float, dtype: str, symmetric: bool, bits: int = 8) -> tuple[np.float32, int]:
+    """Scale and zero point that map [lo, hi] (containing 0) onto ``bits`` of ``dtype``.
 
     A zero range (a tensor that is 0 everywhere) gets scale 1.0: zero is exact with any scale.
     """
-    qmin, qmax = qrange(dtype, symmetric)
+    qmin, qmax = qrange(dtype, symmetric, bits)
+    middle = (qmin + qmax + 1) // 2  # symmetric uint8's zero point: 128 (64 with 7 bits)
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
     if symmetric:
         amax = max(-lo, hi)
-        zp = 0 if dtype == "int8" else 128
+        zp = middle
         scale = 2.0 * amax / (qmax - qmin)
     else:
         scale = (hi - lo) / (qmax - qmin)
@@ -146,7 +148,7 @@ def qparams(lo: float, hi: float, dtype: str, symmetric: bool) -> tuple[np.float
     if not np.isfinite(scale32):
         raise ConfigError(f"range [{lo}, {hi}] gives a non-finite scale")
     if scale32 <= np.finfo(np.float32).tiny:  # zero range
-        return np.float32(1.0), (128 if symmetric and dtype == "uint8" else 0)
+        return np.float32(1.0), (middle if symmetric else 0)
     if zp is None:
         zp = int(np.clip(np.rint(qmin - lo / float(scale32)), qmin, qmax))
     return scale32, zp

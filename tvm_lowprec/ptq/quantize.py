@@ -9,6 +9,7 @@ SQNR against FP32 reaches the target (:func:`fallback`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -17,10 +18,10 @@ import tvm
 from tvm import relax
 
 from .calibrate import calibrate, normalise_sample, model_inputs
-from .config import ConfigError, PerChannel, PerGroup, PerTensor, QuantConfig, QuantSpec
+from .config import DEFAULT_WEIGHTS, ConfigError, PerChannel, PerGroup, PerTensor, QuantConfig, QuantSpec
 from .insert_qdq import LayerPlan, TensorQuant, insert_qdq
 from .layers import Layer, find_layers, prepare
-from .observers import TensorStats, observed_range, qparams
+from .observers import TensorStats, observed_range, qparams, qrange
 
 log = logging.getLogger("tvm_lowprec.ptq")
 
@@ -31,17 +32,18 @@ def _activation_quant(stats: TensorStats, spec: QuantSpec, known=None) -> Tensor
     if known is not None:
         lo, hi = known
     else:
-        lo, hi = observed_range(spec.observer, stats.lo, stats.hi, stats.sample, spec.dtype, spec.symmetric)
-    scale, zp = qparams(lo, hi, spec.dtype, spec.symmetric)
+        lo, hi = observed_range(spec.observer, stats.lo, stats.hi, stats.sample, spec.dtype, spec.symmetric, spec.bits)
+    scale, zp = qparams(lo, hi, spec.dtype, spec.symmetric, spec.bits)
     return TensorQuant(np.asarray(scale, np.float32), np.asarray(zp, spec.dtype), spec.dtype)
 
 
 def _weight_quant(layer: Layer, spec: QuantSpec) -> TensorQuant:
     w = layer.weight
+    limits = qrange(spec.dtype, spec.symmetric, spec.bits)
     if isinstance(spec.granularity, PerTensor):
-        lo, hi = observed_range(spec.observer, w.min(), w.max(), w.reshape(-1), spec.dtype, spec.symmetric)
-        scale, zp = qparams(lo, hi, spec.dtype, spec.symmetric)
-        return TensorQuant(np.asarray(scale, np.float32), np.asarray(zp, spec.dtype), spec.dtype)
+        lo, hi = observed_range(spec.observer, w.min(), w.max(), w.reshape(-1), spec.dtype, spec.symmetric, spec.bits)
+        scale, zp = qparams(lo, hi, spec.dtype, spec.symmetric, spec.bits)
+        return TensorQuant(np.asarray(scale, np.float32), np.asarray(zp, spec.dtype), spec.dtype, limits=limits)
     axis = layer.channel_axis if spec.granularity.axis is None else spec.granularity.axis % w.ndim
     if axis != layer.channel_axis:
         raise ConfigError(f"layer {layer.name!r}: per-channel weights need the output-channel axis "
@@ -49,11 +51,11 @@ def _weight_quant(layer: Layer, spec: QuantSpec) -> TensorQuant:
     per_channel = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
     scales, zps = [], []
     for values in per_channel:
-        lo, hi = observed_range(spec.observer, values.min(), values.max(), values, spec.dtype, spec.symmetric)
-        s, z = qparams(lo, hi, spec.dtype, spec.symmetric)
+        lo, hi = observed_range(spec.observer, values.min(), values.max(), values, spec.dtype, spec.symmetric, spec.bits)
+        s, z = qparams(lo, hi, spec.dtype, spec.symmetric, spec.bits)
         scales.append(s)
         zps.append(z)
-    return TensorQuant(np.asarray(scales, np.float32), np.asarray(zps, spec.dtype), spec.dtype, axis)
+    return TensorQuant(np.asarray(scales, np.float32), np.asarray(zps, spec.dtype), spec.dtype, axis, limits)
 
 
 def _check_config(config: QuantConfig, layers: list[Layer]) -> None:
@@ -68,6 +70,9 @@ def _check_config(config: QuantConfig, layers: list[Layer]) -> None:
         if isinstance(spec.granularity, PerGroup):
             raise ConfigError(f"{where}: PerGroup (block) quantization is not supported by the integer kernels "
                               f"or by Relax's dequantize yet; use PerChannel or PerTensor")
+        if "activations" in where and spec.bits != 8:
+            raise ConfigError(f"{where}: bits={spec.bits} is for weights; activations use their dtype's whole "
+                              f"range (Relax's quantize clips to it at run time)")
         if "activations" in where and isinstance(spec.granularity, PerChannel):
             raise ConfigError(f"{where}: activations are quantized per tensor (the integer kernels take one "
                               f"activation zero point); use PerTensor")
@@ -117,16 +122,21 @@ def _output_sqnr(mod, reference: list[list[np.ndarray]], feeds, target) -> float
     return acc.sqnr_db
 
 
+def _reference(prepared, feeds, target) -> list[list[np.ndarray]]:
+    import tvm_lowprec
+
+    fp32 = tvm_lowprec.compile(relax.transform.ConvertToDataflow()(prepared), target=target)
+    return [fp32(feed) for feed in feeds]
+
+
 def fallback(prepared, layers, plans, target_sqnr: float, feeds, target, progress=True):
     """Keep layers in FP32, the most harmful first, until the output SQNR reaches ``target_sqnr``.
 
     Harm is measured one layer at a time: the output SQNR with only that layer quantized (lowest
     first). Returns (plans left, names kept in FP32, SQNR reached)."""
-    import tvm_lowprec
     from tqdm.auto import tqdm
 
-    fp32 = tvm_lowprec.compile(relax.transform.ConvertToDataflow()(prepared), target=target)
-    reference = [fp32(feed) for feed in feeds]
+    reference = _reference(prepared, feeds, target)
     current = _output_sqnr(insert_qdq(prepared, plans), reference, feeds, target)
     if current >= target_sqnr:
         return plans, [], current
@@ -202,7 +212,8 @@ def quantize(mod: tvm.IRModule, calibration_data=None, config: QuantConfig | Non
     """
     from .calibrate import CalibrationError
 
-    config = config or QuantConfig()
+    explicit = config is not None
+    config = config if explicit else QuantConfig.for_target(target)
     if observations is None:
         if calibration_data is None:
             raise CalibrationError("quantize needs calibration_data or observations")
@@ -214,15 +225,45 @@ def quantize(mod: tvm.IRModule, calibration_data=None, config: QuantConfig | Non
     if not active:
         raise CalibrationError("nothing to quantize: every layer is skipped by the config")
     plans = plan_layers(active, observations.stats_by_var, config)
+    names = model_inputs(mod)
+    data = observations.samples if validation_data is None else list(validation_data)
+    notes = []
+    if not explicit and config.weights.bits < DEFAULT_WEIGHTS.bits:
+        feeds = [normalise_sample(s, names, i) for i, s in enumerate(data[:COST_SAMPLES])]
+        notes.append(_reduced_weights_note(prepared, active, observations, config, plans, feeds, target))
+        log.warning("%s", notes[-1])
     if config.target_sqnr is not None:
-        names = model_inputs(mod)
-        data = observations.samples if validation_data is None else list(validation_data)
         feeds = [normalise_sample(s, names, i) for i, s in enumerate(data)]
         plans, kept, reached = fallback(prepared, layers, plans, config.target_sqnr, feeds, target, progress)
         if kept:
             log.warning("kept %d layer(s) in FP32 to reach output SQNR %.1f dB (now %.2f dB): %s",
                         len(kept), config.target_sqnr, reached, ", ".join(kept))
-    return _with_layer_record(insert_qdq(prepared, plans), layers, plans)
+    qmod = _with_layer_record(insert_qdq(prepared, plans), layers, plans)
+    if notes:  # read by accuracy_report
+        qmod[qmod.get_global_var("main")] = qmod["main"].with_attr("lowprec.ptq_notes", notes)
+    return qmod
+
+
+COST_SAMPLES = 4  # samples over which quantize measures what a target's reduced weight range costs
+
+
+def _reduced_weights_note(prepared, layers, observations, config, plans, feeds, target) -> str:
+    """What :meth:`QuantConfig.for_target`'s narrower weights cost: the output SQNR against FP32 with them
+    and with full 8-bit weights, on the first :data:`COST_SAMPLES` validation samples."""
+    from ..targets import resolve_target
+
+    spec = resolve_target(target)
+    full = dataclasses.replace(config, weights=dataclasses.replace(config.weights, bits=DEFAULT_WEIGHTS.bits))
+    reference = _reference(prepared, feeds, target)
+    reduced_db = _output_sqnr(insert_qdq(prepared, plans), reference, feeds, target)
+    full_db = _output_sqnr(insert_qdq(prepared, plan_layers(layers, observations.stats_by_var, full)), reference,
+                           feeds, target)
+    recipe = spec.bounded[0].intrin
+    return (f"weights quantized to {config.weights.bits} bits for target {spec.name}: its fast exact recipe "
+            f"({recipe.name}) needs each pair of weights within +-{recipe.weight_pair_bound}, and without VNNI the "
+            f"exact alternative is slower; output SQNR against FP32 {reduced_db:.2f} dB, with 8-bit weights "
+            f"{full_db:.2f} dB ({reduced_db - full_db:+.2f} dB, {len(feeds)} samples). "
+            f"config=QuantConfig() keeps 8-bit weights.")
 
 
 __all__ = ["Observations", "fallback", "observe", "plan_layers", "quantize"]

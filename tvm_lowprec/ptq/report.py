@@ -59,6 +59,7 @@ class AccuracyReport:
     layers: list[TensorAccuracy] = field(default_factory=list)
     outputs: list[TensorAccuracy] = field(default_factory=list)
     samples: int = 0
+    notes: list[str] = field(default_factory=list)  # what quantize decided for the target (7-bit weights, ...)
 
     @property
     def output_sqnr_db(self) -> float:
@@ -67,7 +68,7 @@ class AccuracyReport:
 
     def to_dict(self) -> dict:
         return {"samples": self.samples, "layers": [asdict(r) for r in self.layers],
-                "outputs": [asdict(r) for r in self.outputs]}
+                "outputs": [asdict(r) for r in self.outputs], "notes": list(self.notes)}
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -78,6 +79,7 @@ class AccuracyReport:
                  "| tensor | op | quantized | SQNR (dB) | cosine |", "|---|---|---|---:|---:|"]
         for r in self.layers + self.outputs:
             lines.append(f"| {r.name} | {r.kind} | {'yes' if r.quantized else 'FP32'} | {r.sqnr_db:.2f} | {r.cosine:.6f} |")
+        lines += [""] + [f"Note: {n}" for n in self.notes] if self.notes else []
         return "\n".join(lines)
 
     def plot(self, path) -> None:
@@ -149,7 +151,9 @@ def accuracy_report(fp32_mod: tvm.IRModule, quantized_mod: tvm.IRModule, inputs,
         for acc, r, q in zip(acc_layers, ref[n_out:], got[n_out:]):
             acc.add(r, q)
         count += 1
-    report = AccuracyReport(samples=count)
+    attrs = quantized_mod["main"].attrs
+    notes = [str(n) for n in attrs["lowprec.ptq_notes"]] if "lowprec.ptq_notes" in attrs else []
+    report = AccuracyReport(samples=count, notes=notes)
     for (name, kind, _, quantized), acc in zip(layers, acc_layers):
         report.layers.append(TensorAccuracy(name, kind, quantized, acc.sqnr_db, acc.cosine))
     for i, acc in enumerate(acc_outputs):

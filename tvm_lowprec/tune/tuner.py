@@ -15,8 +15,9 @@ a TVM RPC tracker (``rpc_tracker="host:port", rpc_key=...``).
 
 from __future__ import annotations
 
-import functools
 import contextlib
+import functools
+import importlib.util
 import logging
 import shutil
 import socket
@@ -347,9 +348,13 @@ def _summary(database, task) -> TaskResult:
                       best[1] * 1e6 if best else None, task.batch)
 
 
+COST_MODELS = ("xgb", "random")
+
+
 def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threads: int | None = None,
          requant_mode: str = "float", fast_math: bool = True, rpc_tracker: str | None = None,
-         rpc_key: str | None = None, builder_timeout: float = 120.0, progress: bool = True) -> TuningResult:
+         rpc_key: str | None = None, builder_timeout: float = 120.0, progress: bool = True,
+         cost_model: str = "xgb") -> TuningResult:
     """Tune every integer kernel of ``mod`` for ``target``: ``trials`` measured candidates per kernel,
     the default schedule first (records already in ``work_dir`` count).
 
@@ -358,11 +363,18 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     ``rpc_tracker="host:port"`` and ``rpc_key``: measure on the machines registered with that TVM RPC
     tracker (``python -m tvm.exec.rpc_tracker``, ``python -m tvm.exec.rpc_server --tracker ... --key
     ...``) instead of this host. Returns a :class:`TuningResult`; pass it (or ``work_dir``) to
-    :func:`tvm_lowprec.compile` as ``database=``."""
+    :func:`tvm_lowprec.compile` as ``database=``. ``cost_model``: ``"xgb"`` (MetaSchedule's XGBoost
+    model, the default) or ``"random"`` (no model: candidates drawn at random from the evolutionary
+    search's population; for hosts without xgboost)."""
     from tqdm.auto import tqdm
 
     if trials < 1:
         raise ValueError(f"trials must be at least 1, not {trials}")
+    if cost_model not in COST_MODELS:
+        raise ValueError(f"cost_model must be one of {', '.join(COST_MODELS)}, not {cost_model!r}")
+    if cost_model == "xgb" and importlib.util.find_spec("xgboost") is None:
+        raise TuningError("cost_model='xgb' needs the xgboost package (pip install xgboost); "
+                          "cost_model='random' tunes without it")
     if (rpc_tracker is None) != (rpc_key is None):
         raise TuningError("remote tuning needs both rpc_tracker ('host:port') and rpc_key")
     spec = resolve_target(target)
@@ -398,7 +410,7 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
                 ms.tune_tir(
                     _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
                     max_trials_global=search, num_trials_per_iter=min(search, 16),
-                    builder=builder, runner=runner, database=database, cost_model="xgb",
+                    builder=builder, runner=runner, database=database, cost_model=cost_model,
                     space=space_generator(), strategy=_search(trials), num_tuning_cores=1,
                 )
         if _work_left(database, task, trials)[1]:
