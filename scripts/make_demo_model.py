@@ -37,7 +37,9 @@ def fp32_mlp(seed: int = 0) -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [BATCH, DIMS[-1]])],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every ONNX Runtime since 1.10 reads (the installed onnx would stamp its own)
+    return model
 
 
 def main():

@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from reference import for_ort
+
 
 def fp32_linear(shape, n, *, op="matmul", act=None, seed=0, layers=1) -> onnx.ModelProto:
     """``layers`` x (MatMul+Add or Gemm) [+ Relu/Clip] on input ``x`` of ``shape`` (last dim = K)."""
@@ -60,7 +62,7 @@ def quantize_qdq(model: onnx.ModelProto, samples, *, per_channel=True, reduce_ra
 
     with tempfile.TemporaryDirectory() as d:
         src, dst = os.path.join(d, "fp32.onnx"), os.path.join(d, "qdq.onnx")
-        onnx.save(model, src)
+        onnx.save(for_ort(model), src)
         quantize_static(
             src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel, reduce_range=reduce_range,
             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,

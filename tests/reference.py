@@ -5,13 +5,27 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 
+# helper.make_model stamps the installed onnx's IR version (14 with onnx 1.23), which an older ONNX
+# Runtime refuses ("Unsupported model IR version: 14, max supported IR version: 13", ORT 1.30); the
+# test models use nothing newer than IR 10 (ORT >= 1.17) has
+ORT_IR_VERSION = 10
+
+
+def for_ort(model):
+    """A copy of ``model`` with its IR version lowered to :data:`ORT_IR_VERSION` where it is newer."""
+    copy = type(model)()
+    copy.CopyFrom(model)
+    copy.ir_version = min(copy.ir_version, ORT_IR_VERSION)
+    return copy
+
+
 def ort_session(model, optimized=True):
     """ORT on one thread; ``optimized=False`` runs the graph as written (float QDQ semantics)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     if not optimized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(for_ort(model).SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def output_scale(model) -> float:

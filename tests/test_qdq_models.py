@@ -13,7 +13,7 @@ import pytest
 import tvm_lowprec
 
 from models import fp32_linear, qlinear_matmul, quantize_qdq
-from reference import assert_within_one_step, ort_session, output_scale
+from reference import assert_within_one_step, for_ort, ort_session, output_scale
 
 
 CONFIGS = {
@@ -78,7 +78,7 @@ def _quantize_dynamic(model):
 
     with tempfile.TemporaryDirectory() as d:
         src, dst = os.path.join(d, "fp32.onnx"), os.path.join(d, "dyn.onnx")
-        onnx.save(model, src)
+        onnx.save(for_ort(model), src)
         quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=False)
         return onnx.load(dst)
 

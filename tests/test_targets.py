@@ -59,3 +59,43 @@ def test_a_rows_features_must_cover_its_intrinsic():
     vnni = registered_targets()["x86-avx512-vnni"].gemm
     with pytest.raises(ValueError, match="needs"):
         TargetSpec("t", {"kind": "llvm"}, ("avx2",), vnni, (Tile(1, 1, 4),))
+
+
+# /proc/cpuinfo's flags on the GPU machine's Xeon (LLVM: emeraldrapids), read there on 2026-11-30; the kernel
+# writes avx512_vnni, avx_vnni, amx_int8 where LLVM and the rows say avx512vnni, avxvnni, amxint8
+XEON_FLAGS = (
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ss "
+    "ht syscall nx pdpe1gb rdtscp lm constant_tsc rep_good nopl xtopology nonstop_tsc cpuid "
+    "tsc_known_freq pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe popcnt "
+    "tsc_deadline_timer aes xsave avx f16c rdrand hypervisor lahf_lm abm 3dnowprefetch cpuid_fault ssbd "
+    "ibrs ibpb stibp ibrs_enhanced fsgsbase tsc_adjust bmi1 avx2 smep bmi2 erms invpcid avx512f avx512dq "
+    "rdseed adx smap avx512ifma clflushopt clwb avx512cd sha_ni avx512bw avx512vl xsaveopt xsavec xgetbv1 "
+    "xsaves avx_vnni avx512_bf16 wbnoinvd arat avx512vbmi umip pku ospke avx512_vbmi2 gfni vaes "
+    "vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq rdpid bus_lock_detect cldemote movdiri "
+    "movdir64b fsrm md_clear serialize tsxldtrk ibt amx_bf16 avx512_fp16 amx_tile amx_int8 flush_l1d "
+    "arch_capabilities "
+)
+
+
+def test_cpuinfo_flags_take_llvm_names_and_pick_the_widest_vnni_row(monkeypatch):
+    from tvm_lowprec import targets
+    from tvm_lowprec.bench import hostinfo
+
+    features = targets.cpuinfo_features(XEON_FLAGS)
+    assert {"avx512vnni", "avxvnni", "avx512bw", "avx512bf16", "amxint8", "avx2"} <= features
+    assert not any("_" in f for f in features if f.startswith(("avx", "amx")))
+    monkeypatch.setattr(targets, "host_features", lambda: features)
+    assert targets.native_target().row == "x86-avx512-vnni"  # was x86-avx-vnni: avx512_vnni went unread
+    zen3 = targets.cpuinfo_features("fpu sse sse2 avx avx2 fma bmi2 sha_ni")
+    monkeypatch.setattr(targets, "host_features", lambda: zen3)
+    assert targets.native_target().row == "x86-avx2" and "sha_ni" in zen3
+
+
+def test_benchmark_metadata_reads_the_underscored_flags(tmp_path):
+    from tvm_lowprec.bench.hostinfo import cpu_info
+
+    path = tmp_path / "cpuinfo"
+    path.write_text(f"processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: {XEON_FLAGS}\n\n")
+    info = cpu_info(str(path))
+    assert info["model"] == "Intel(R) Xeon(R) Processor"
+    assert info["flags"] == {"avx2": True, "avx512f": True, "avx512vnni": True, "avx_vnni": True}

@@ -51,10 +51,12 @@ def cpu_info(path: str = "/proc/cpuinfo") -> dict:
             break
         key, _, value = line.partition(":")
         fields[key.strip()] = value.strip()
-    flags = set(fields.get("flags", "").split())
+    from ..targets import cpuinfo_features, llvm_feature_name
+
+    flags = cpuinfo_features(fields.get("flags", ""))
     return {
         "model": fields.get("model name", "unknown"),
-        "flags": {flag: flag in flags for flag in HOST_FLAGS},
+        "flags": {flag: llvm_feature_name(flag) in flags for flag in HOST_FLAGS},
         "logical_cpus": os.cpu_count(),
     }
 

@@ -29,6 +29,18 @@ def registered_targets() -> dict[str, TargetSpec]:
     return {s.name: s for s in _REGISTRY.values()}
 
 
+def llvm_feature_name(flag: str) -> str:
+    """A Linux ``/proc/cpuinfo`` flag under LLVM's (and the target rows') name: the kernel writes the
+    AVX and AMX extensions with underscores (``avx512_vnni``, ``avx_vnni``, ``avx512_bf16``,
+    ``amx_int8``), LLVM without (``avx512vnni``, ``avxvnni``, ``avx512bf16``, ``amxint8``)."""
+    return flag.replace("_", "") if flag.startswith(("avx", "amx")) else flag
+
+
+def cpuinfo_features(flags: str) -> frozenset[str]:
+    """The features of one ``flags`` line of ``/proc/cpuinfo`` (the part after the colon), LLVM names."""
+    return frozenset(llvm_feature_name(f) for f in flags.split())
+
+
 @functools.lru_cache(maxsize=1)
 def host_features() -> frozenset[str]:
     """CPU features of the machine we run on (Linux ``/proc/cpuinfo`` flags, LLVM names)."""
@@ -36,9 +48,7 @@ def host_features() -> frozenset[str]:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    # cpuinfo spells AVX-VNNI "avx_vnni"; LLVM says "avxvnni"
-                    return frozenset({x.replace("avx_vnni", "avxvnni") for x in flags})
+                    return cpuinfo_features(line.split(":", 1)[1])
     except OSError:
         pass
     import tvm
@@ -124,8 +134,10 @@ __all__ = [
     "GemmRecipe",
     "TargetSpec",
     "Tile",
+    "cpuinfo_features",
     "host_features",
     "host_supports",
+    "llvm_feature_name",
     "native_target",
     "register_target",
     "registered_targets",

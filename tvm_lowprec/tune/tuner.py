@@ -372,9 +372,6 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
         raise ValueError(f"trials must be at least 1, not {trials}")
     if cost_model not in COST_MODELS:
         raise ValueError(f"cost_model must be one of {', '.join(COST_MODELS)}, not {cost_model!r}")
-    if cost_model == "xgb" and importlib.util.find_spec("xgboost") is None:
-        raise TuningError("cost_model='xgb' needs the xgboost package (pip install xgboost); "
-                          "cost_model='random' tunes without it")
     if (rpc_tracker is None) != (rpc_key is None):
         raise TuningError("remote tuning needs both rpc_tracker ('host:port') and rpc_key")
     spec = resolve_target(target)
@@ -395,6 +392,9 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     runner = rpc_runner(rpc_tracker, rpc_key) if rpc_tracker else None
     before = sum(records_of(database, t.func) for t in tasks)
     todo = [t for t in tasks if any(_work_left(database, t, trials))]
+    if todo and cost_model == "xgb" and importlib.util.find_spec("xgboost") is None:
+        raise TuningError("cost_model='xgb' needs the xgboost package (pip install xgboost); "
+                          "cost_model='random' tunes without it")
     if todo:  # the worker pools start only when something is left to measure
         runner = runner or ms.runner.LocalRunner(
             timeout_sec=60, evaluator_config=_evaluator(),
