@@ -250,3 +250,70 @@ def mutate_relax_functions(mod, mutator):
 def bindings(func) -> list:
     """The var bindings of a Relax function's body, in order."""
     return [b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
+
+
+@dataclass(frozen=True)
+class DeconvGeometry:
+    """A 2-D NCHW/IOHW transposed convolution with one group. Input pixel ``(ih, iw)`` and kernel tap
+    ``(kh, kw)`` add to output pixel ``(ih * sh - top + kh * dh, iw * sw - left + kw * dw)``; as a GEMM,
+    rows ``(b, ih, iw)`` (the NHWC input), depth ``C_in``, columns ``(kh, kw, C_out)``, then a col2im
+    that sums each output pixel's taps."""
+
+    batch: int
+    in_channels: int
+    out_channels: int
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.in_hw[0] * self.in_hw[1]
+
+    @property
+    def columns(self) -> int:
+        return self.kernel[0] * self.kernel[1] * self.out_channels
+
+
+def deconv_geometry(call) -> DeconvGeometry | None:
+    attrs = call.attrs
+    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "IOHW" or int(attrs.groups) != 1:
+        return None
+    x_shape, w_shape, y_shape = static_shape(call.args[0]), static_shape(call.args[1]), static_shape(call)
+    if x_shape is None or w_shape is None or y_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
+        return None
+    pad = [int(p) for p in attrs.padding]
+    pad = pad * 2 if len(pad) == 2 else pad
+    return DeconvGeometry(
+        batch=x_shape[0],
+        in_channels=x_shape[1],
+        out_channels=w_shape[1],
+        in_hw=(x_shape[2], x_shape[3]),
+        out_hw=(y_shape[2], y_shape[3]),
+        kernel=(w_shape[2], w_shape[3]),
+        strides=tuple(int(s) for s in attrs.strides),
+        padding=tuple(pad),
+        dilation=tuple(int(d) for d in attrs.dilation),
+    )
+
+
+def deconv_weight_matrix(w: np.ndarray) -> np.ndarray:
+    """IOHW weights ``[C_in, C_out, KH, KW]`` -> ``[C_in, KH*KW*C_out]``, columns in ``(kh, kw, c_out)`` order."""
+    return np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
+
+
+def dequantized_deconv_weight(expr, lookup) -> tuple[ConstWeight, QParams] | tuple[None, None]:
+    """``dequantize(W)`` with W a constant IOHW ``[C_in, C_out, KH, KW]``, scales per tensor or per
+    output channel (axis 1) -> (GEMM weights with per-column scales and zero points, the QParams)."""
+    w, p = _dequantized_constant(expr, lookup, 4, "transposed convolution weight dequantize")
+    if w is None or not _per_column(p, w.shape, 1):
+        return None, None
+    taps = w.shape[2] * w.shape[3]
+
+    def per_column(v):
+        return v if p.per_tensor else np.tile(np.asarray(v).reshape(-1), taps)
+
+    return ConstWeight(deconv_weight_matrix(w), per_column(p.scale), per_column(p.zero_point)), p

@@ -1,5 +1,7 @@
 """Pass: dequantize -> matmul [-> add bias] [-> relu/clip] -> quantize  ==>  one integer GEMM kernel.
 
+(Transposed convolutions: :mod:`.conv_transpose`, GEMM + col2im, matched by the same pass.)
+
 Runs on the QDQ Relax module that :func:`tvm_lowprec.from_onnx` (or a quantizer) produces, before
 legalization. Each match becomes ``call_tir`` to a :func:`~tvm_lowprec.kernels.build_qgemm` PrimFunc with
 the weights quantized and packed at compile time, bias and zero points folded into one int32 vector,
@@ -331,7 +333,13 @@ def _scalar_like(expr) -> bool:
     return shape is not None and int(np.prod(shape)) == 1
 
 
-MATCHERS = (match_requantized_linear, match_integer_linear, match_runtime_qlinear)
+def _conv_transpose_matcher(call, lookup, mode: str):
+    from .conv_transpose import match_requantized_conv_transpose  # it builds on this module's helpers
+
+    return match_requantized_conv_transpose(call, lookup, mode)
+
+
+MATCHERS = (match_requantized_linear, match_integer_linear, match_runtime_qlinear, _conv_transpose_matcher)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,6 +514,8 @@ def _is_matmul(call) -> bool:
 
 
 def emit(builder, match, spec: TargetSpec):
+    if hasattr(match, "emit"):  # matches defined beside this pass (conv_transpose) emit themselves
+        return match.emit(builder, spec)
     if isinstance(match, RuntimeQMatmul):
         packed = emit_runtime_packed(builder, match, spec)
         return packed if packed is not None else emit_runtime_qmatmul(builder, match, spec)

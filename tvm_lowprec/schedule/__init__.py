@@ -2,6 +2,7 @@
 
 from tvm.s_tir.dlight import cpu as _dlight_cpu
 
+from .col2im import Col2imRule
 from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
 from .depthwise import DepthwiseRule
@@ -9,7 +10,7 @@ from .qgemm import Im2colRule, PackBRule, QGemmRule
 from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
-DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(),
+DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), Col2imRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(),
                  DlightRule(_dlight_cpu.Reduction()))
 
 
@@ -22,5 +23,5 @@ def schedule_func(func, spec, rules=DEFAULT_RULES):
     return None
 
 
-__all__ = ["DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule",
+__all__ = ["Col2imRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule",
            "WindowReductionRule", "schedule_func"]

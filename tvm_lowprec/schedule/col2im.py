@@ -1,0 +1,37 @@
+"""Schedule rule for :func:`~tvm_lowprec.kernels.col2im.build_col2im` (a transposed convolution's col2im
+with bias and requantization). Loop nest::
+
+    for (b, oh) in parallel:
+      for ow:
+        acc[:] = 0                                  # one output pixel's channels, vectorized
+        for kh, kw (unrolled): acc[c] += cols[...]  # the taps that reach it, masked; vectorized over c
+        out[b, oh, ow, :] = requant(acc + bias)     # vectorized over c
+
+Channels are innermost and contiguous in both the columns and the output (NHWC).
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+
+
+class Col2imRule:
+    def apply(self, func, spec):
+        if func.attrs is None or func.attrs.get("lowprec.op", None) != "col2im":
+            return None
+        sch = Schedule(func)
+        gather, epilogue = sch.get_sblock("col2im"), sch.get_sblock("epilogue")
+        b, oh, ow, c = sch.get_loops(epilogue)
+        sch.parallel(sch.fuse(b, oh))
+        sch.compute_at(gather, ow)
+        c_g, kh, kw = sch.get_loops(gather)[-3:]
+        sch.reorder(kh, kw, c_g)
+        init = sch.decompose_reduction(gather, kh)
+        lanes = spec.gemm.vector_bits // 32  # int32 lanes
+        channels = int(sch.get(c).extent)
+        for block, loop in ((init, sch.get_loops(init)[-1]), (gather, c_g), (epilogue, c)):
+            if channels % lanes == 0:
+                _, inner = sch.split(loop, [None, lanes])
+                sch.vectorize(inner)
+        sch.unroll(kw)
+        return sch
