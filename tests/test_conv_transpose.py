@@ -15,25 +15,26 @@ import tvm_lowprec
 from models import quantize_qdq
 from reference import assert_within_one_step, ort_session, output_scale
 
-CASES = {  # ConvTranspose attributes; x is [1, C_IN, 6, 7]
+CASES = {  # ConvTranspose attributes; x is [1, C_IN, 6, 7], C_OUT output channels unless given
     "k2-s2": dict(kernel=2, strides=2),  # the upsampler of DB heads: no two taps overlap
     "k3-s2-p1-op1": dict(kernel=3, strides=2, pads=(1, 1, 1, 1), output_padding=1),
     "k4-s2-p1": dict(kernel=4, strides=2, pads=(1, 1, 1, 1)),
     "k3-s1-p1-no-relu": dict(kernel=3, strides=1, pads=(1, 1, 1, 1), relu=False),
     "k3-s2-dilated-asym-pads": dict(kernel=3, strides=2, dilations=2, pads=(1, 0, 0, 2)),
     "k2-s2-per-tensor-no-bias": dict(kernel=2, strides=2, per_channel=False, bias=False),
+    "k2-s2-one-channel": dict(kernel=2, strides=2, c_out=1),  # a DB head's last upsampler: the probability map
 }
 C_IN, C_OUT, X_SHAPE = 16, 12, (1, 16, 6, 7)
 
 
 def conv_transpose_model(kernel, strides, pads=(0, 0, 0, 0), output_padding=0, dilations=1, relu=True, bias=True,
-                         seed=0, **_):
+                         c_out=C_OUT, seed=0, **_):
     rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((C_IN, C_OUT, kernel, kernel)) / np.sqrt(C_IN * kernel)).astype(np.float32)
+    w = (rng.standard_normal((C_IN, c_out, kernel, kernel)) / np.sqrt(C_IN * kernel)).astype(np.float32)
     inits = [numpy_helper.from_array(w, "W")]
     inputs = ["x", "W"]
     if bias:
-        inits.append(numpy_helper.from_array((rng.standard_normal(C_OUT) * 0.2).astype(np.float32), "B"))
+        inits.append(numpy_helper.from_array((rng.standard_normal(c_out) * 0.2).astype(np.float32), "B"))
         inputs.append("B")
     nodes = [helper.make_node("ConvTranspose", inputs, ["t" if relu else "y"], name="up", strides=[strides] * 2,
                               pads=list(pads), output_padding=[output_padding] * 2, dilations=[dilations] * 2)]
@@ -62,12 +63,13 @@ def integer_reference(qdq, x, cfg):
     sy, zy = inits[q_y.input[1]], int(inits[q_y.input[2]])
     xq = np.clip(np.rint(x / sx) + zx, 0, 255).astype(np.int64) - zx
     w = wq.astype(np.int64) - np.asarray(zw, np.int64).reshape((1, -1, 1, 1) if np.ndim(zw) else ())
+    c_out = wq.shape[1]
     k, s, d = cfg["kernel"], cfg["strides"], cfg.get("dilations", 1)
     top, left, bottom, right = cfg.get("pads", (0, 0, 0, 0))
     op = cfg.get("output_padding", 0)
     _, _, h, wd = xq.shape
     oh, ow = ((h - 1) * s - top - bottom + d * (k - 1) + op + 1, (wd - 1) * s - left - right + d * (k - 1) + op + 1)
-    acc = np.zeros((1, C_OUT, oh, ow), np.int64)
+    acc = np.zeros((1, c_out, oh, ow), np.int64)
     for ih in range(h):
         for iw in range(wd):
             for kh in range(k):
@@ -75,7 +77,7 @@ def integer_reference(qdq, x, cfg):
                     y, x_ = ih * s - top + kh * d, iw * s - left + kw * d
                     if 0 <= y < oh and 0 <= x_ < ow:
                         acc[0, :, y, x_] += xq[0, :, ih, iw] @ w[:, :, kh, kw]
-    acc_scale = np.float32(sx) * np.broadcast_to(np.asarray(sw, np.float32), (C_OUT,))
+    acc_scale = np.float32(sx) * np.broadcast_to(np.asarray(sw, np.float32), (c_out,))
     if len(conv.input) > 2:
         b_dq = next(n for n in qdq.graph.node if n.output[0] == conv.input[2])
         acc += inits[b_dq.input[0]].astype(np.int64).reshape(1, -1, 1, 1)

@@ -11,6 +11,7 @@ from onnx.reference import ReferenceEvaluator
 import tvm_lowprec
 
 from detector import yolo_like
+from textdet import db_like
 from models import fp32_block_net, fp32_cnn, quantize_qdq
 
 
@@ -33,6 +34,7 @@ REFERENCE = {
     "block-net": (lambda: fp32_block_net((1, 8, 16, 16)), (1, 8, 16, 16)),
     "attention": (_attention, (1, 32, 64)),
     "detector": (yolo_like, (1, 3, 64, 64)),
+    "text-detector": (db_like, (1, 3, 64, 64)),
 }
 
 

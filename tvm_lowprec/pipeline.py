@@ -3,8 +3,8 @@
 1. quantize-to-integer: :func:`~tvm_lowprec.quant.qdq_to_integer.qdq_to_integer` (target-aware);
    then data movement kept in the integer domain (:mod:`~tvm_lowprec.quant.fold_qdq`), the
    convolutions' NHWC layout carried through the layers between them
-   (:mod:`~tvm_lowprec.quant.propagate_layout`), the softmax of 8-bit scores as one 8-bit kernel
-   (:mod:`~tvm_lowprec.quant.qsoftmax`), float functions of one 8-bit tensor (Sigmoid,
+   (:mod:`~tvm_lowprec.quant.propagate_layout`), softmax and layer norm of 8-bit tensors as 8-bit
+   kernels (:mod:`~tvm_lowprec.quant.row_ops`), float functions of one 8-bit tensor (Sigmoid,
    SiLU, GELU) as 256-entry tables (:mod:`~tvm_lowprec.quant.lookup_tables`), and, optionally, TVM's FastMathTransform for the float operators left between quantized ones
 2. legalize and fuse: TVM's LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR
 3. schedule: every PrimFunc goes through the schedule rules (:mod:`tvm_lowprec.schedule`)
@@ -21,7 +21,7 @@ from .quant.fold_qdq import fold_qdq_module
 from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
 from .quant.qdq_to_integer import rewrite_module
-from .quant.qsoftmax import qsoftmax_module
+from .quant.row_ops import row_ops_module
 from .schedule import schedule_func
 
 
@@ -64,7 +64,7 @@ def high_level(mod, spec, requant_mode: str = "float", fast_math: bool = True, t
 def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True):
     """Phases 1-2: the module whose PrimFuncs are the kernels to schedule (or to tune)."""
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
-    mod = lookup_tables_module(qsoftmax_module(mod))
+    mod = lookup_tables_module(row_ops_module(mod))
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
     return tvm.transform.Sequential(

@@ -7,11 +7,11 @@ from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
 from .depthwise import DepthwiseRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
-from .qsoftmax import QSoftmaxRule
+from .rows import RowOpRule
 from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
-DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), Col2imRule(), QSoftmaxRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(),
+DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), Col2imRule(), RowOpRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(),
                  DlightRule(_dlight_cpu.Reduction()))
 
 
@@ -24,5 +24,5 @@ def schedule_func(func, spec, rules=DEFAULT_RULES):
     return None
 
 
-__all__ = ["Col2imRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "QSoftmaxRule",
+__all__ = ["Col2imRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "RowOpRule",
            "WindowReductionRule", "schedule_func"]

@@ -24,12 +24,16 @@ class Col2imRule:
         b, oh, ow, c = sch.get_loops(epilogue)
         sch.parallel(sch.fuse(b, oh))
         sch.compute_at(gather, ow)
-        c_g, kh, kw = sch.get_loops(gather)[-3:]
+        own = sch.get_loops(gather)[2:]  # (c, kh, kw) under (b*oh, ow); a loop of extent 1 is dropped
+        channels = int(sch.get(c).extent)
+        if channels == 1 or len(own) != 3:  # one output channel (a segmentation map): nothing to vectorize
+            sch.unroll(own[-1])
+            return sch
+        c_g, kh, kw = own
         sch.reorder(kh, kw, c_g)
         init = sch.decompose_reduction(gather, kh)
         lanes = spec.gemm.vector_bits // 32  # int32 lanes
-        channels = int(sch.get(c).extent)
-        for block, loop in ((init, sch.get_loops(init)[-1]), (gather, c_g), (epilogue, c)):
+        for loop in (sch.get_loops(init)[-1], c_g, c):
             if channels % lanes == 0:
                 _, inner = sch.split(loop, [None, lanes])
                 sch.vectorize(inner)

@@ -1,0 +1,78 @@
+"""Softmax and layer norm of 8-bit tensors as 8-bit-in, 8-bit-out kernels (tvm_lowprec.quant.row_ops).
+Softmax: integer row maximum, a 256-entry exponential table, float32 sum, division and QuantizeLinear
+rounding. Layer norm: exact integer sums of the row and its squares, float64 row statistics, float32
+per element. Compared with onnx.reference running DequantizeLinear -> op -> QuantizeLinear as written."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import tvm_lowprec
+
+ONNX_TYPE = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
+
+
+def _qdq_model(op_node, extra_inits, shape, in_dtype, scale, zero_point, out_dtype, sy, zy):
+    inits = [numpy_helper.from_array(np.float32(scale), "sx"), numpy_helper.from_array(np.array(zero_point, in_dtype), "zx"),
+             numpy_helper.from_array(np.float32(sy), "sy"), numpy_helper.from_array(np.array(zy, out_dtype), "zy")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]), op_node,
+             helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"])]
+    graph = helper.make_graph(nodes, "row_op", [helper.make_tensor_value_info("x", ONNX_TYPE[in_dtype], shape)],
+                              [helper.make_tensor_value_info("y", ONNX_TYPE[out_dtype], shape)], inits + extra_inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])  # onnx.reference's DQ: 19+
+    model.ir_version = 10
+    return model
+
+
+def qdq_softmax(shape, in_dtype="uint8", scale=0.11, zero_point=131, out_dtype="uint8", axis=-1):
+    zy = 0 if out_dtype == "uint8" else -128
+    node = helper.make_node("Softmax", ["xf"], ["p"], axis=axis)
+    return _qdq_model(node, [], shape, in_dtype, scale, zero_point, out_dtype, 1 / 256, zy)
+
+
+def qdq_layer_norm(shape, in_dtype="uint8", scale=0.05, zero_point=120, out_dtype="uint8", out_scale=0.03,
+                   out_zero_point=128, axis=-1, seed=0):
+    rng = np.random.default_rng(seed)
+    n = shape[axis:]  # LayerNormalization normalizes over axis..last
+    inits = [numpy_helper.from_array((1 + 0.3 * rng.standard_normal(n)).astype(np.float32), "gamma"),
+             numpy_helper.from_array((0.2 * rng.standard_normal(n)).astype(np.float32), "beta")]
+    node = helper.make_node("LayerNormalization", ["xf", "gamma", "beta"], ["p"], axis=axis, epsilon=1e-5)
+    return _qdq_model(node, inits, shape, in_dtype, scale, zero_point, out_dtype, out_scale, out_zero_point)
+
+
+CASES = {
+    "softmax-attention-scores": (qdq_softmax, dict(shape=(1, 12, 16, 128))),
+    "softmax-odd-row-length": (qdq_softmax, dict(shape=(3, 37))),
+    "softmax-int8-in-int8-out": (qdq_softmax, dict(shape=(2, 9, 24), in_dtype="int8", zero_point=-5, out_dtype="int8")),
+    "softmax-sharp": (qdq_softmax, dict(shape=(4, 64), scale=0.9)),  # nearly all mass on one entry per row
+    "layernorm-encoder-rows": (qdq_layer_norm, dict(shape=(1, 16, 768))),
+    "layernorm-odd-row-length": (qdq_layer_norm, dict(shape=(5, 33), zero_point=3, scale=0.2)),
+    "layernorm-int8": (qdq_layer_norm, dict(shape=(2, 4, 96), in_dtype="int8", zero_point=-7, out_dtype="int8",
+                                            out_zero_point=0)),
+}
+OP = {qdq_softmax: "qsoftmax", qdq_layer_norm: "qlayernorm"}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_row_operator_is_one_8bit_kernel_within_one_step_of_onnx(name, rng):
+    make, cfg = CASES[name]
+    model = make(**cfg)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    kernels = compiled.kernels()
+    assert [k.op for k in kernels] == [OP[make]] and kernels[0].schedule == "default"
+    info = np.iinfo(cfg.get("in_dtype", "uint8"))
+    x = rng.integers(info.min, info.max + 1, cfg["shape"]).astype(info.dtype)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = compiled(x)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.99, (diff.max(), (diff == 0).mean())
+    assert len(np.unique(got)) > 5
+
+
+@pytest.mark.parametrize("model", [qdq_softmax((4, 8, 16), axis=1), qdq_layer_norm((4, 8, 16), axis=1)],
+                         ids=["softmax", "layernorm"])
+def test_a_reduction_over_other_axes_stays_float(model):
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    assert not {"qsoftmax", "qlayernorm"} & {k.op for k in compiled.kernels()}

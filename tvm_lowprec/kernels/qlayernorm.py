@@ -1,0 +1,57 @@
+"""Layer normalization over the last axis of an 8-bit tensor, to an 8-bit tensor.
+
+With ``x = s * (q - z)`` per tensor, the row's mean and variance come from exact integer sums of
+``q - z`` and ``(q - z)²`` (int32: exact for rows up to 33025 long), turned once per row into
+``mean_q`` and ``a = s / sqrt(s² var_q + eps)`` in float64; then per element, in float32,
+``y = (q - z - mean_q) * a * gamma + beta`` and the output quantization ``rint(y / sy) + zy``, clamped.
+The kernel reads the 8-bit input and writes the 8-bit output: the float tensor of the graph as written
+(dequantize -> LayerNormalization -> quantize) never exists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+MAX_ROW = (2**31 - 1) // (255 * 255)  # the squares' int32 sum stays exact
+
+
+def build_qlayernorm(shape, in_dtype: str, in_scale: float, in_zero_point: int, epsilon: float, out_dtype: str,
+                     out_scale: float, out_zero_point: int, qmin: int, qmax: int, name: str = "qlayernorm"):
+    """Arguments: ``x`` ``shape`` in ``in_dtype``, ``gamma`` and ``beta`` float32 ``[C]``, the output."""
+    shape = tuple(int(s) for s in shape)
+    lead, n = shape[:-1], shape[-1]
+    if n > MAX_ROW:
+        raise ValueError(f"layer norm rows of {n} exceed {MAX_ROW}, the int32 sums' exact range")
+    x = te.placeholder(shape, in_dtype, name="x")
+    gamma, beta = te.placeholder((n,), "float32", name="gamma"), te.placeholder((n,), "float32", name="beta")
+    z = tirx.const(int(in_zero_point), "int32")
+
+    def centred(i):
+        return x[i].astype("int32") - z
+
+    j, k = te.reduce_axis((0, n), "j"), te.reduce_axis((0, n), "k")
+    s1 = te.compute(lead, lambda *i: te.sum(centred((*i, j)), axis=j), name="row_sum")
+    s2 = te.compute(lead, lambda *i: te.sum(centred((*i, k)) * centred((*i, k)), axis=k), name="row_sum_sq")
+    s64, eps64 = tirx.const(float(in_scale), "float64"), tirx.const(float(epsilon), "float64")
+
+    def mean(*i):
+        return s1[i].astype("float64") / float(n)
+
+    def factor(*i):
+        m = s1[i].astype("float64") / float(n)
+        var = s2[i].astype("float64") / float(n) - m * m
+        return (s64 / tirx.sqrt(s64 * s64 * tirx.max(var, 0.0) + eps64)).astype("float32")
+
+    mean_q = te.compute(lead, lambda *i: mean(*i).astype("float32"), name="row_mean")
+    a = te.compute(lead, factor, name="row_factor")
+    sy, zy = tirx.const(np.float32(out_scale), "float32"), tirx.const(float(out_zero_point), "float32")
+
+    def out(*i):
+        y = (centred(i).astype("float32") - mean_q[i[:-1]]) * a[i[:-1]] * gamma[i[-1]] + beta[i[-1]]
+        q = tirx.round(y / sy) + zy  # half to even, as QuantizeLinear
+        return tirx.max(tirx.min(q, float(qmax)), float(qmin)).astype("int32").astype(out_dtype)
+
+    y = te.compute(shape, out, name="out")
+    func = te.create_prim_func([x, gamma, beta, y])
+    return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "qlayernorm", "op_pattern": 8})
