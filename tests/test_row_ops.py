@@ -76,3 +76,27 @@ def test_row_operator_is_one_8bit_kernel_within_one_step_of_onnx(name, rng):
 def test_a_reduction_over_other_axes_stays_float(model):
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
     assert not {"qsoftmax", "qlayernorm"} & {k.op for k in compiled.kernels()}
+
+
+def test_an_ort_quantized_encoder_runs_its_row_operators_on_8_bits(rng):
+    """ONNX Runtime's quantize_static also quantizes layer norm's gamma (and beta): dequantized constants,
+    taken as such; the encoder's softmax and both layer norms become the 8-bit kernels."""
+    from benchmarks.models.encoder import EncoderConfig, make_encoder
+
+    from models import quantize_qdq
+    from reference import assert_within_one_step, ort_session, output_scale
+
+    shape = (1, 16, 64)
+    fp32 = make_encoder(cfg=EncoderConfig(layers=1, d_model=64, heads=4, d_ff=128, seq=16))
+    qdq = quantize_qdq(fp32, [rng.standard_normal(shape).astype(np.float32) for _ in range(4)])
+    norms = [n for n in qdq.graph.node if n.op_type == "LayerNormalization"]
+    producers = {o: n.op_type for n in qdq.graph.node for o in n.output}
+    assert len(norms) == 2 and producers[norms[0].input[1]] == "DequantizeLinear"
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
+    ops = [k.op for k in compiled.kernels()]
+    assert ops.count("qlayernorm") == 2 and ops.count("qsoftmax") == 1
+    assert not [k.name for k in compiled.kernels() if "layer_norm" in k.name or "softmax" in k.name and k.op != "qsoftmax"]
+    session = ort_session(qdq, optimized=False)
+    for _ in range(2):
+        x = rng.standard_normal(shape).astype(np.float32)
+        assert_within_one_step(compiled(x)[0], session.run(None, {"x": x})[0], output_scale(qdq))

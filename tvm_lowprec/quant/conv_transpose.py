@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import tvm
 from tvm import relax
 
 from ..kernels.col2im import build_col2im, col2im_params
@@ -34,7 +33,6 @@ from .patterns import (
     dequantized_deconv_weight,
     dtype_of,
     first_call,
-    qparams,
     static_shape,
 )
 
@@ -65,13 +63,10 @@ def _fits_int32(g: DeconvGeometry) -> bool:
 def match_requantized_conv_transpose(call, lookup, mode: str) -> ConvTransposeMatch | None:
     from . import qdq_to_integer as q
 
-    if not call.op.same_as(tvm.ir.Op.get("relax.quantize")):
+    requantized = q.requantized_output(call, lookup)
+    if requantized is None:
         return None
-    out_dtype = str(call.attrs.out_dtype)
-    out = qparams(call, lookup, "output quantize")
-    if out is None or not out.per_tensor or out_dtype not in ("uint8", "int8"):
-        return None
-    inner, lo, hi = q._activation_bounds(call.args[0], lookup)
+    out, out_dtype, inner, lo, hi = requantized
     core, bias_expr = inner, None
     add = call_of(inner, "add", lookup)
     if add is not None:

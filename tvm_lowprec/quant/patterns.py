@@ -224,8 +224,6 @@ def conv_geometry(conv) -> ConvGeometry | None:
     groups = int(attrs.groups)
     if groups != 1 and not (groups == x_shape[1] == w_shape[0] and w_shape[1] == 1):
         return None  # grouped, or depthwise with a channel multiplier: the generic path
-    pad = [int(p) for p in attrs.padding]
-    pad = pad * 2 if len(pad) == 2 else pad
     return ConvGeometry(
         batch=x_shape[0],
         channels=x_shape[1],
@@ -233,10 +231,16 @@ def conv_geometry(conv) -> ConvGeometry | None:
         out_hw=(y_shape[2], y_shape[3]),
         kernel=(w_shape[2], w_shape[3]),
         strides=tuple(int(s) for s in attrs.strides),
-        padding=tuple(pad),
+        padding=_padding(attrs),
         dilation=tuple(int(d) for d in attrs.dilation),
         groups=groups,
     )
+
+
+def _padding(attrs) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) from a conv's ``padding`` (2 values mean symmetric)."""
+    pad = [int(p) for p in attrs.padding]
+    return tuple(pad * 2 if len(pad) == 2 else pad)
 
 
 def mutate_relax_functions(mod, mutator):
@@ -285,8 +289,6 @@ def deconv_geometry(call) -> DeconvGeometry | None:
     x_shape, w_shape, y_shape = static_shape(call.args[0]), static_shape(call.args[1]), static_shape(call)
     if x_shape is None or w_shape is None or y_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
         return None
-    pad = [int(p) for p in attrs.padding]
-    pad = pad * 2 if len(pad) == 2 else pad
     return DeconvGeometry(
         batch=x_shape[0],
         in_channels=x_shape[1],
@@ -295,7 +297,7 @@ def deconv_geometry(call) -> DeconvGeometry | None:
         out_hw=(y_shape[2], y_shape[3]),
         kernel=(w_shape[2], w_shape[3]),
         strides=tuple(int(s) for s in attrs.strides),
-        padding=tuple(pad),
+        padding=_padding(attrs),
         dilation=tuple(int(d) for d in attrs.dilation),
     )
 

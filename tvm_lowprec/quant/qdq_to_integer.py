@@ -148,14 +148,23 @@ def _const_weight(core, lookup):
     return dequantized_conv_weight(core.args[1], lookup), geometry
 
 
-def match_requantized_linear(call, lookup, mode: str) -> QGemmMatch | None:
+def requantized_output(call, lookup):
+    """``quantize([relu/clip](inner))`` to 8 bits per tensor -> (its QParams, out dtype, inner, lo, hi)
+    with the float range the activation imposes, or None."""
     if not call.op.same_as(tvm.ir.Op.get("relax.quantize")):
         return None
     out_dtype = str(call.attrs.out_dtype)
     out = qparams(call, lookup, "output quantize")
     if out is None or not out.per_tensor or out_dtype not in ("uint8", "int8"):
         return None
-    inner, lo, hi = _activation_bounds(call.args[0], lookup)
+    return (out, out_dtype, *_activation_bounds(call.args[0], lookup))
+
+
+def match_requantized_linear(call, lookup, mode: str) -> QGemmMatch | None:
+    requantized = requantized_output(call, lookup)
+    if requantized is None:
+        return None
+    out, out_dtype, inner, lo, hi = requantized
     core, bias_expr = _linear_operands(inner, lookup)
     if core is None:
         return None

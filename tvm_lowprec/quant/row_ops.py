@@ -43,9 +43,23 @@ def _softmax(builder, core, dq, p_in, out, name_shape):
     return "qsoftmax", func, [exp_table(_scalar(p_in.scale))]
 
 
+def _float_constant(expr, lookup) -> np.ndarray | None:
+    """A float constant, or ``dequantize`` of a constant (ONNX Runtime quantizes layer norm's gamma and
+    beta too): its values as the dequantize computes them, ``(q - z) * s`` in float32."""
+    value = constant(expr, lookup)
+    if value is not None:
+        return value
+    dq = call_of(expr, "dequantize", lookup)
+    q = None if dq is None else constant(dq.args[0], lookup)
+    p = None if q is None else qparams(dq, lookup, "layer norm parameter dequantize")
+    if p is None or not p.per_tensor:
+        return None
+    return ((q.astype(np.float32) - np.float32(_scalar(p.zero_point))) * np.float32(_scalar(p.scale))).astype(np.float32)
+
+
 def _layer_norm(builder, core, dq, p_in, out, name_shape):
     lookup = builder.lookup_binding
-    gamma, beta = constant(core.args[1], lookup), constant(core.args[2], lookup)
+    gamma, beta = _float_constant(core.args[1], lookup), _float_constant(core.args[2], lookup)
     n = name_shape[-1]
     if gamma is None or beta is None or gamma.size != n or beta.size != n or n > MAX_ROW:
         return None
