@@ -18,6 +18,7 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 
 from .quant.fold_qdq import fold_qdq_module
+from .quant.legalize import LEGALIZE
 from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
 from .quant.qdq_to_integer import rewrite_module
@@ -70,7 +71,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True)
     return tvm.transform.Sequential(
         [
             relax.transform.DeadCodeElimination(),
-            relax.transform.LegalizeOps(),
+            relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE),  # quantize: NaN -> zero point
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
