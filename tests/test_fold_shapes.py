@@ -1,7 +1,7 @@
 """Shape folding at import (tvm_lowprec.frontend.fold_shapes): exports with dynamic axes and shape
 subgraphs compile once the input shape is fixed, and a dimension left dynamic is named.
 
-The model is a YOLOv8-style detector exported with dynamic batch, height and width (tests/detector.py):
+The model is a YOLOv8-style detector exported with dynamic batch, height and width (benchmarks/models/detector.py):
 Conv+SiLU, a C2f block with Split and Concat, an SPPF max-pool pyramid, nearest Resize to computed
 sizes, a DFL head with computed Reshapes, Transpose, Softmax and a 1x1 Conv, and anchor arithmetic
 from Shape/Range. Its FP32 form and ONNX Runtime's quantize_static QDQ form are compared with ORT
@@ -17,7 +17,7 @@ import tvm_lowprec
 from tvm_lowprec.errors import DynamicShapeError, InputError
 from tvm_lowprec.frontend.fold_shapes import fold_shapes
 
-from detector import yolo_like
+from benchmarks.models.detector import yolo_like
 from models import quantize_qdq
 from reference import ort_session
 

@@ -10,8 +10,8 @@ from onnx.reference import ReferenceEvaluator
 
 import tvm_lowprec
 
-from detector import yolo_like
-from textdet import db_like
+from benchmarks.models.detector import yolo_like
+from benchmarks.models.textdet import db_like
 from models import fp32_block_net, fp32_cnn, quantize_qdq
 
 

@@ -1,4 +1,4 @@
-"""A mobile OCR text detector (DBNet-style: MobileNetV3-style backbone, FPN neck, DB head; tests/textdet.py),
+"""A mobile OCR text detector (DBNet-style: MobileNetV3-style backbone, FPN neck, DB head; benchmarks/models/textdet.py),
 exported with dynamic height and width: its FP32 form and ONNX Runtime's quantize_static QDQ form compile
 once the input shape is fixed and match ORT running the graph as written.
 
@@ -20,7 +20,7 @@ from tvm_lowprec.frontend.fold_shapes import fold_shapes
 
 from models import quantize_qdq
 from reference import ort_session
-from textdet import db_like
+from benchmarks.models.textdet import db_like
 
 SHAPE = (1, 3, 64, 64)
 # FP32: ours and ORT differ only in float32 summation order. The map is a sigmoid of logits of std ~2

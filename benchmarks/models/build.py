@@ -7,7 +7,8 @@ python benchmarks/models/build.py                       # all three into benchma
 python benchmarks/models/build.py --models cnn --force  # rebuild one
 
 Models: ``encoder`` (2-layer BERT-base-sized encoder), ``cnn`` (ResNet-18-style, 224x224), ``minilm``
-(paraphrase-MiniLM-L3-v2 from a PyPI wheel). Each is written as ``<name>.fp32.onnx`` (after ORT's
+(paraphrase-MiniLM-L3-v2 from a PyPI wheel), ``detector`` (YOLOv8-style, 320x320) and ``textdet``
+(DBNet-style, 480x480), the last two built in ``detector.py`` / ``textdet.py`` (the tests use them too). Each is written as ``<name>.fp32.onnx`` (after ORT's
 ``quant_pre_process``), ``<name>.int8.onnx`` (QDQ) and ``<name>.json`` (how it was built).
 """
 
@@ -33,6 +34,8 @@ from models.cnn import IMAGE, make_cnn  # noqa: E402
 from models.encoder import EncoderConfig, make_encoder  # noqa: E402
 from models.minilm import ModelUnavailable, load_minilm  # noqa: E402
 from models.quantize import QUANT_SETTINGS, preprocess, quantize_qdq  # noqa: E402
+from models.detector import yolo_like  # noqa: E402
+from models.textdet import db_like  # noqa: E402
 
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".cache"
 MODEL_SEED = 0          # weights of the synthetic models
@@ -90,6 +93,17 @@ class BuiltModel:
 
 
 _ENC = EncoderConfig()
+DETECTOR_IMAGE, TEXTDET_IMAGE = (1, 3, 320, 320), (1, 3, 480, 480)
+
+
+def _pinned(model: onnx.ModelProto, shape) -> onnx.ModelProto:
+    """A detector exported with dynamic axes, its ``images`` input pinned to the benchmark's shape (ONNX
+    Runtime's quantization pre-processing needs static shapes)."""
+    from tvm_lowprec.frontend.fold_shapes import fix_input_shapes
+
+    return fix_input_shapes(model, {"images": list(shape)})
+
+
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -103,6 +117,14 @@ MODELS: dict[str, ModelSpec] = {
                   "output 461 = mean-pooled sentence embedding",
                   (InputSpec("input_ids", (1, 128), "tokens"), InputSpec("attention_mask", (1, 128), "ones")),
                   "461", load_minilm),
+        ModelSpec("detector", "YOLOv8-style detector (C2f, SPPF, nearest upsampling, DFL head; exported with dynamic "
+                  "axes, pinned to 320x320; random weights)",
+                  (InputSpec("images", DETECTOR_IMAGE, "normal"),), "scores",
+                  lambda cache: _pinned(yolo_like(MODEL_SEED), DETECTOR_IMAGE)),
+        ModelSpec("textdet", "DBNet-style text detector (MobileNetV3 backbone with HardSwish, SE and BatchNorm, FPN, "
+                  "two ConvTranspose; pinned to 480x480; random weights)",
+                  (InputSpec("images", TEXTDET_IMAGE, "normal"),), "maps",
+                  lambda cache: _pinned(db_like(MODEL_SEED), TEXTDET_IMAGE)),
     )
 }
 

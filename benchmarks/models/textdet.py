@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from detector import _Graph
+from .detector import _Graph
 
 
 class _Builder(_Graph):
