@@ -5,6 +5,7 @@ functions with several outputs: split) keep results exact."""
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
@@ -89,6 +90,31 @@ def test_split_into_two_outputs_is_scheduled_and_exact(rng):
     got = compiled(x)
     np.testing.assert_array_equal(got[0], x[:, :6])
     np.testing.assert_array_equal(got[1], x[:, 6:])
+
+
+@pytest.mark.parametrize("channels, vectors_along", [(3, "w"), (32, "fused")])
+def test_a_layout_change_with_few_channels_vectorizes_along_the_rows(channels, vectors_along, rng):
+    """An image's NCHW -> NHWC quantize: with 3 channels innermost the vectors run along W (contiguous
+    loads, channels unrolled around them); with 32 the fused loop is vectorized as before. Exact either way."""
+    from tvm import te, tirx
+
+    from tvm_lowprec.schedule.elementwise import ElementwiseRule
+    from tvm_lowprec.targets import resolve_target
+
+    shape = (1, channels, 24, 32)
+    x = te.placeholder(shape, "float32", name="x")
+    y = te.compute((1, 24, 32, channels), lambda b, h, w, c: tirx.max(tirx.min(
+        tirx.round(x[b, c, h, w] / 0.02) + 128.0, 255.0), 0.0).astype("uint8"), name="q")
+    spec = resolve_target("native")
+    sch = ElementwiseRule().apply(te.create_prim_func([x, y]), spec)
+    kinds = [inst.kind.name for inst in sch.trace.insts]
+    assert ("Reorder" in kinds and "Unroll" in kinds) == (vectors_along == "w") and "Vectorize" in kinds
+    lib = tvm.compile(sch.mod, target=spec.tvm_target(1))
+    data = rng.standard_normal(shape).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((1, 24, 32, channels), np.uint8))
+    lib.mod["main"](tvm.runtime.tensor(data), out)
+    want = np.clip(np.rint(data / np.float32(0.02)) + 128, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
+    np.testing.assert_array_equal(out.numpy(), want)
 
 
 def test_cli_flags_a_kernel_no_rule_scheduled(tmp_path, capsys):
