@@ -200,6 +200,13 @@ def requantize(acc, ep: Epilogue, mult, shift=None):
     return _requant_fixed(acc, mult, shift, ep) if ep.mode == "fixed_point" else _requant_float(acc, mult, ep)
 
 
+def quantize_linear(y, scale: float, zero_point: int, qmin: int, qmax: int, out_dtype: str):
+    """ONNX QuantizeLinear of a float32 TE value: ``clamp(rint(y / scale) + zero_point)``, half to even."""
+    sy, zy = tirx.const(np.float32(scale), "float32"), tirx.const(float(zero_point), "float32")
+    q = tirx.round(y / sy) + zy  # LLVM nearbyint: half to even
+    return tirx.max(tirx.min(q, float(qmax)), float(qmin)).astype("int32").astype(out_dtype)
+
+
 def _requant_float(x, mult, ep: Epilogue):
     # int32 -> float64 is exact, and the product rounds once: the same as onnx.reference's
     # QLinearMatMul (float32 multiplier, float64 product, rint = half to even).

@@ -10,8 +10,9 @@ The kernel reads the 8-bit input and writes the 8-bit output: the float tensor o
 
 from __future__ import annotations
 
-import numpy as np
 from tvm import te, tirx
+
+from .qgemm import quantize_linear
 
 MAX_ROW = (2**31 - 1) // (255 * 255)  # the squares' int32 sum stays exact
 
@@ -45,12 +46,9 @@ def build_qlayernorm(shape, in_dtype: str, in_scale: float, in_zero_point: int, 
 
     mean_q = te.compute(lead, lambda *i: mean(*i).astype("float32"), name="row_mean")
     a = te.compute(lead, factor, name="row_factor")
-    sy, zy = tirx.const(np.float32(out_scale), "float32"), tirx.const(float(out_zero_point), "float32")
-
     def out(*i):
         y = (centred(i).astype("float32") - mean_q[i[:-1]]) * a[i[:-1]] * gamma[i[-1]] + beta[i[-1]]
-        q = tirx.round(y / sy) + zy  # half to even, as QuantizeLinear
-        return tirx.max(tirx.min(q, float(qmax)), float(qmin)).astype("int32").astype(out_dtype)
+        return quantize_linear(y, out_scale, out_zero_point, qmin, qmax, out_dtype)
 
     y = te.compute(shape, out, name="out")
     func = te.create_prim_func([x, gamma, beta, y])

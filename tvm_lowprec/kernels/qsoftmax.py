@@ -11,7 +11,9 @@ Softmax followed by QuantizeLinear. No float input tensor is read or written: th
 from __future__ import annotations
 
 import numpy as np
-from tvm import te, tirx
+from tvm import te
+
+from .qgemm import quantize_linear
 
 
 def exp_table(scale: float) -> np.ndarray:
@@ -33,11 +35,8 @@ def build_qsoftmax(shape, in_dtype: str, out_dtype: str, out_scale: float, out_z
     e = te.compute(shape, lambda *i: table[top[i[:-1]] - x[i].astype("int32")], name="exp")
     k = te.reduce_axis((0, n), "k")
     total = te.compute(lead, lambda *i: te.sum(e[(*i, k)], axis=k), name="row_sum")
-    sy, zy = tirx.const(np.float32(out_scale), "float32"), tirx.const(float(out_zero_point), "float32")
-
     def out(*i):
-        q = tirx.round(e[i] / total[i[:-1]] / sy) + zy  # LLVM nearbyint: half to even, as QuantizeLinear
-        return tirx.max(tirx.min(q, float(qmax)), float(qmin)).astype("int32").astype(out_dtype)
+        return quantize_linear(e[i] / total[i[:-1]], out_scale, out_zero_point, qmin, qmax, out_dtype)
 
     y = te.compute(shape, out, name="out")
     func = te.create_prim_func([x, table, y])
