@@ -261,7 +261,10 @@ def _pick_output(outputs: list[np.ndarray], refs: References) -> np.ndarray:
 
 def check_row(runtime: str, out: np.ndarray, refs: References) -> dict:
     """Comparison columns and the status: tvm-lowprec INT8 must match ORT's QDQ graph, TVM FP32 ORT's
-    FP32 output, with cosine >= :data:`COSINE_OK`; ORT's own rows are the references."""
+    FP32 output, with cosine >= :data:`COSINE_OK`; ORT's own rows are the references. Where the QDQ
+    graph's own output moves further than that under a 1e-6 input perturbation (quantization steps
+    flipping at rounding boundaries: the BERT-sized encoder, 0.99941), a tvm-lowprec output at least
+    as close as that is rounding noise, not a mismatch."""
     cols = {
         "cos_vs_ort_int8_qdq": cosine(out, refs.int8_qdq),
         "max_abs_diff_vs_ort_int8_qdq": max_abs_diff(out, refs.int8_qdq),
@@ -269,7 +272,10 @@ def check_row(runtime: str, out: np.ndarray, refs: References) -> dict:
         "cos_vs_ort_fp32": cosine(out, refs.fp32),
     }
     gate = {"tvm-lowprec-int8": "cos_vs_ort_int8_qdq", "tvm-fp32": "cos_vs_ort_fp32"}.get(runtime)
-    ok = gate is None or cols[gate] >= COSINE_OK
+    threshold = COSINE_OK
+    if runtime == "tvm-lowprec-int8" and refs.qdq_sensitivity is not None:
+        threshold = min(COSINE_OK, refs.qdq_sensitivity)
+    ok = gate is None or cols[gate] >= threshold
     return {**cols, "status": "ok" if ok else "mismatch"}
 
 
@@ -581,7 +587,8 @@ def _header(meta: dict) -> list[str]:
         "these cores distort the numbers, 2 threads most). Latency: median ms per call, batch 1; the runtimes "
         "are timed interleaved (each round times every runtime once), so a noisy phase hits them alike. "
         "`÷ ORT ...`: this row's latency divided by ORT's at the same thread count (above 1: slower than ORT). "
-        f"`!`: output check failed (cosine < {COSINE_OK}); `error`: failed, see notes.", "",
+        f"`!`: output check failed (cosine < {COSINE_OK}, or for tvm-lowprec below the QDQ graph's own "
+        f"sensitivity where that is lower: see each model); `error`: failed, see notes.", "",
     ]
 
 

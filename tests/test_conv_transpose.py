@@ -23,6 +23,7 @@ CASES = {  # ConvTranspose attributes; x is [1, C_IN, 6, 7], C_OUT output channe
     "k3-s2-dilated-asym-pads": dict(kernel=3, strides=2, dilations=2, pads=(1, 0, 0, 2)),
     "k2-s2-per-tensor-no-bias": dict(kernel=2, strides=2, per_channel=False, bias=False),
     "k2-s2-one-channel": dict(kernel=2, strides=2, c_out=1),  # a DB head's last upsampler: the probability map
+    "k2-s2-p1-op1": dict(kernel=2, strides=2, pads=(1, 1, 1, 1), output_padding=1),  # one tap per pixel, or none
 }
 C_IN, C_OUT, X_SHAPE = 16, 12, (1, 16, 6, 7)
 

@@ -1,6 +1,8 @@
 """The NHWC layout of the integer convolutions is carried through the layers between them: the
 transposes that remain sit at the graph's boundary (:mod:`tvm_lowprec.quant.propagate_layout`)."""
 
+import re
+
 import numpy as np
 import onnx
 import onnx.version_converter
@@ -63,7 +65,8 @@ def test_block_net_changes_layout_only_at_the_boundary(rng):
     names = [k.name for k in compiled.kernels()]
     assert sum(n.startswith("qconv2d") for n in names) == 6
     # one transpose into NHWC after the input's quantize, one back before Flatten: none between layers
-    assert sorted(n for n in names if "transpose" in n) == ["fused_quantize_transpose", "fused_transpose1_reshape7"], names
+    transposes = sorted(re.sub(r"\d+", "", n) for n in names if "transpose" in n)  # TVM numbers them as it likes
+    assert transposes == ["fused_quantize_transpose", "fused_transpose_reshape"], names
     # exact against onnx.reference (ORT's own kernels round a few of the 10 logits the other way)
     reference = ReferenceEvaluator(onnx.version_converter.convert_version(qdq, 21))
     session = ort_session(qdq, optimized=False)

@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 
+from .quant.finite_quantize import finite_quantize_module
 from .quant.fold_qdq import fold_qdq_module
 from .quant.legalize import LEGALIZE
 from .quant.lookup_tables import lookup_tables_module
@@ -68,6 +69,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True)
     mod = lookup_tables_module(row_ops_module(mod))
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
+    mod = finite_quantize_module(mod)
     return tvm.transform.Sequential(
         [
             relax.transform.DeadCodeElimination(),

@@ -47,7 +47,15 @@ def build_col2im(geometry, epilogue: Epilogue, name: str = "col2im"):
         value = cols[row, (kh * kw_n + kw) * c_n + c]
         return te.sum(tirx.if_then_else(inside, value, tirx.const(0, "int32")), axis=[kh, kw])
 
-    total = te.compute((g.batch, oh_n, ow_n, c_n), tap, name="col2im")
+    def one_tap(b, oh, ow, c):  # strides == kernel: each output pixel is reached by one tap at most
+        y, x = oh + top, ow + left
+        ih, iw = tirx.floordiv(y, sh), tirx.floordiv(x, sw)
+        row = (b * h_n + tirx.min(ih, h_n - 1)) * w_n + tirx.min(iw, w_n - 1)
+        value = cols[row, (tirx.floormod(y, sh) * kw_n + tirx.floormod(x, sw)) * c_n + c]
+        return tirx.if_then_else(tirx.all(ih < h_n, iw < w_n), value, tirx.const(0, "int32"))  # output_padding
+
+    upsample = (sh, sw) == (kh_n, kw_n) and (dh, dw) == (1, 1)
+    total = te.compute((g.batch, oh_n, ow_n, c_n), one_tap if upsample else tap, name="col2im")
 
     def out(b, oh, ow, c):
         acc = total[b, oh, ow, c] + bias[c]

@@ -6,6 +6,16 @@ so the sum is that of ``(x - zx) * (w - zw)``, exactly. There is no reduction ov
 intrinsic has nothing to contract: the kernel vectorizes over C instead (the schedule lives in
 :mod:`tvm_lowprec.schedule.depthwise`). Weights and the per-channel parameters are constants made at
 compile time by :func:`depthwise_params`.
+
+There is no padded copy of the input: each tap reads ``x`` through ``Select(inside, x[clamped], zx)``,
+and the schedule asks TVM's loop partitioning to split the output rows and columns into the border
+(which keeps the selects) and the interior, where they fold away and the taps are plain loads.
+
+A zero-extended 8-bit activation times a sign-extended int16 weight is what LLVM turns into
+``vpmaddwd`` (an int32 multiply of operands that fit 16 bits), which Zen 3 issues twice per cycle.
+The ``"float"`` requantization runs in float32 where that is exact (:func:`float32_exact`,
+:func:`~tvm_lowprec.kernels.qgemm.requant_f32`), else in float64 as
+:func:`~tvm_lowprec.kernels.qgemm.requantize` does.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
-from .qgemm import Epilogue, requantize
+from .qgemm import Epilogue, float32_requant_exact, requant_f32, requantize
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,20 @@ def depthwise_params(w_taps: np.ndarray, w_zero_point, x_zero_point: int, bias_i
     return params
 
 
-def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise"):
+def float32_exact(params, a_dtype: str, ep: Epilogue) -> bool:
+    """Whether :func:`~tvm_lowprec.kernels.qgemm.requant_f32` gives exactly the ``"float"``
+    requantization for every input, given :func:`depthwise_params`' arrays: the sum is ``x . w' +
+    corr`` with ``x`` an 8-bit value (see :func:`~tvm_lowprec.kernels.qgemm.float32_requant_exact`)."""
+    if ep.kind != "requant" or ep.mode != "float":
+        return False
+    w, corr, mult = (np.asarray(v, np.float64) for v in params[:3])
+    return float32_requant_exact(np.abs(w).sum(axis=0), 255.0 if a_dtype == "uint8" else 128.0, corr, mult)
+
+
+def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise", params=None):
+    """The PrimFunc; ``params`` (:func:`depthwise_params`' arrays, optional) lets a ``"float"`` epilogue
+    requantize in float32 where that is exact (:func:`float32_exact`)."""
+    f32 = params is not None and float32_exact(params, p.a_dtype, p.epilogue)
     g = p.geometry
     (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = g.out_hw, g.kernel, g.strides, g.dilation
     top, left, bottom, right = g.padding
@@ -60,39 +83,41 @@ def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise
     x = te.placeholder((batch, h_n, w_n, c_n), p.a_dtype, name="x")
     wq = te.placeholder((kh_n * kw_n, c_n), "int16", name="w")
     corr = te.placeholder((c_n,), "int32", name="corr")
-    source = x
-    if any(g.padding):
-        def pad(b, i, j, c):
-            inside = tirx.all(i >= top, i < top + h_n, j >= left, j < left + w_n)
-            value = x[b, tirx.max(tirx.min(i - top, h_n - 1), 0), tirx.max(tirx.min(j - left, w_n - 1), 0), c]
-            return tirx.if_then_else(inside, value, tirx.const(pad_value, p.a_dtype))
-
-        source = te.compute((batch, h_n + top + bottom, w_n + left + right, c_n), pad, name="padded")
     kh = te.reduce_axis((0, kh_n), name="kh")
     kw = te.reduce_axis((0, kw_n), name="kw")
+
+    def tap(b, oh, ow, c):
+        i, j = oh * sh + kh * dh - top, ow * sw + kw * dw - left
+        if not any(g.padding):
+            return x[b, i, j, c].astype("int32")
+        # the padding reads the zero point; the clamped index keeps the (discarded) load in bounds. A
+        # Select, not if_then_else: it vectorizes over C, and loop partitioning removes it inside
+        value = x[b, tirx.max(tirx.min(i, h_n - 1), 0), tirx.max(tirx.min(j, w_n - 1), 0), c]
+        inside = tirx.all(i >= 0, i < h_n, j >= 0, j < w_n)
+        return tirx.Select(inside, value, tirx.const(pad_value, p.a_dtype)).astype("int32")
+
     acc = te.compute(
         (batch, oh_n, ow_n, c_n),
-        lambda b, oh, ow, c: te.sum(
-            source[b, oh * sh + kh * dh, ow * sw + kw * dw, c].astype("int32") * wq[kh * kw_n + kw, c].astype("int32"),
-            axis=[kh, kw],
-        ),
+        lambda b, oh, ow, c: te.sum(tap(b, oh, ow, c) * wq[kh * kw_n + kw, c].astype("int32"), axis=[kh, kw]),
         name="acc",
     )
     ep = p.epilogue
-    params = []
+    scale = []
     if ep.kind == "int32":
         out = te.compute(acc.shape, lambda b, oh, ow, c: acc[b, oh, ow, c] + corr[c], name="epilogue")
     else:
-        params = [te.placeholder((c_n,), "int32" if ep.mode == "fixed_point" else "float32", name="mult")]
+        scale = [te.placeholder((c_n,), "int32" if ep.mode == "fixed_point" else "float32", name="mult")]
         if ep.mode == "fixed_point":
-            params.append(te.placeholder((c_n,), "int32", name="shift"))
+            scale.append(te.placeholder((c_n,), "int32", name="shift"))
 
         def requant(b, oh, ow, c):
-            shift = params[1][c] if len(params) > 1 else None
-            return requantize(acc[b, oh, ow, c] + corr[c], ep, params[0][c], shift)
+            if f32:
+                return requant_f32(acc[b, oh, ow, c] + corr[c], ep, scale[0][c])
+            shift = scale[1][c] if len(scale) > 1 else None
+            return requantize(acc[b, oh, ow, c] + corr[c], ep, scale[0][c], shift)
 
         out = te.compute(acc.shape, requant, name="epilogue")
-    func = te.create_prim_func([x, wq, corr, *params, out])
+    func = te.create_prim_func([x, wq, corr, *scale, out])
     attrs = {"lowprec.op": "qdepthwise", "op_pattern": 8, "lowprec.intrin": "none",
              "lowprec.shape": [batch, oh_n, ow_n, c_n, kh_n, kw_n]}
     return func.with_attr("global_symbol", name).with_attrs(attrs)

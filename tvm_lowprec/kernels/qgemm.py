@@ -76,6 +76,9 @@ class QGemmProblem:
     runtime_a_zero_point: bool = False  # za is a kernel input (dynamic quantization), not a constant
     # > 0: a batch of GEMMs with runtime weights (packed by pack_b at run time; corr per batch)
     batch: int = 0
+    # a "float" requantization in float32 (:func:`requant_f32`): only where the weights make it exact
+    # (:func:`float32_requant_exact`, checked by the caller that knows them)
+    requant_f32: bool = False
 
     def __post_init__(self):
         if min(self.m, self.n, self.k) < 1 or self.batch < 0:
@@ -88,6 +91,15 @@ class QGemmProblem:
 
 def _ceil(x: int, m: int) -> int:
     return (x + m - 1) // m * m
+
+
+def _column_groups(table_nr: int, groups: int) -> int:
+    """Vectors per B panel: the tile table's ``nr``, or a smaller one (down to half) that pads the
+    ``groups`` vectors of N less: N = 24 is 3 ymm vectors, which ``nr`` = 2 pads to 4 (a third of the
+    work wasted, and the epilogue masked); ``nr`` = 1 pads nothing."""
+    nr = max(1, min(table_nr, groups))
+    candidates = range(max(1, (nr + 1) // 2), nr + 1)
+    return min(candidates, key=lambda r: (-(-groups // r) * r, -r))
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,7 @@ class GemmLayout:
         gi = recipe.intrin
         operand = gi.operand(problem.a_dtype)
         mr = min(tile.mr, problem.m)
-        nr = max(1, min(tile.nr, -(-problem.n // gi.lanes)))
+        nr = _column_groups(tile.nr, -(-problem.n // gi.lanes))
         kp = _ceil(problem.k, gi.kstep)
         kblock = tile.kblock if tile.kblock and tile.kblock < kp and kp % tile.kblock == 0 else 0
         wide = tile.wide_b and operand.intrin_wide_b is not None
@@ -215,6 +227,34 @@ def _requant_float(x, mult, ep: Epilogue):
     return y.astype("int32").astype(ep.out_dtype)
 
 
+_ROUND_MAGIC = 12582912.0  # 1.5 * 2**23: float32 values in [2**23, 2**24) are the integers
+
+
+def float32_requant_exact(column_abs_sum, a_reach: float, bias, mult) -> bool:
+    """Whether :func:`requant_f32` equals the float64 requantization for every input: per output
+    column, the sum ``|total| <= a_reach * column_abs_sum + |bias|`` (``a_reach``: the largest
+    ``|a - za|``; ``column_abs_sum``: ``sum_k |w - zw|``) stays below 2**24, where int32 -> float32 is
+    exact, and its product with ``|mult|`` below 2**22, where the rounding trick works."""
+    bound = float(a_reach) * np.asarray(column_abs_sum, np.float64) + np.abs(np.asarray(bias, np.float64))
+    mult = np.abs(np.asarray(mult, np.float64))
+    return bool(np.all(np.isfinite(mult)) and np.all(bound < 2.0**24) and np.all(bound * mult < 2.0**22))
+
+
+def requant_f32(x, ep: Epilogue, mult):
+    """The ``"float"`` requantization (``rint(float64(x) * mult)``, half to even, then the zero point and
+    the clamp), exact where :func:`float32_requant_exact` holds: ``x`` converts to float32 exactly, and
+    one fused multiply-add rounds the exact ``x * mult + 1.5 * 2**23`` once, to an integer of
+    ``[2**23, 2**24)`` (float32's spacing there is 1) for ``|x * mult| < 2**22``: ``rint(x * mult)`` half
+    to even, as the magic number is even. Its bits minus the magic's bits are that integer (the zero
+    point folded into the subtraction). A conversion, an FMA and an integer subtraction per 8 lanes,
+    where float64 costs two conversions each way at 4 lanes (about a cycle per output on Zen 3)."""
+    p = tirx.call_llvm_pure_intrin("float32", "llvm.fma", x.astype("float32"), mult,
+                                   tirx.const(_ROUND_MAGIC, "float32"))
+    magic_bits = int(np.array(_ROUND_MAGIC, np.float32).view(np.int32))
+    n = tirx.reinterpret("int32", p) - (magic_bits - ep.zero_point)
+    return tirx.max(tirx.min(n, ep.qmax), ep.qmin).astype(ep.out_dtype)
+
+
 def _requant_fixed(x, mult, shift, ep: Epilogue):
     prod = x.astype("int64") * mult.astype("int64")
     total = shift + 31
@@ -310,6 +350,8 @@ def _epilogue(p: QGemmProblem, lay: GemmLayout, total, nb: int):
         mult, shift = per_column(("mult", "int32"), ("shift", "int32"))
         return [mult, shift], out(lambda b, m, n: _requant_fixed(total(b, m, n), mult[n], shift[n], ep))
     (mult,) = per_column(("mult", "float32"))
+    if p.requant_f32:
+        return [mult], out(lambda b, m, n: requant_f32(total(b, m, n), ep, mult[n]))
     return [mult], out(lambda b, m, n: _requant_float(total(b, m, n), mult[n], ep))
 
 
@@ -324,5 +366,6 @@ def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
         "lowprec.b_storage": layout.b_storage,
         "lowprec.a_dtype": problem.a_dtype,
         "lowprec.epilogue": problem.epilogue.kind,
+        "lowprec.requant": "float32" if problem.requant_f32 else problem.epilogue.mode,
         "lowprec.batch": problem.batch,
     }

@@ -36,7 +36,9 @@ def _as_scalar(expr):
     return expr
 
 
-def legalize_quantize(bb, call):
+def legalize_quantize(bb, call, nan_test: bool = True):
+    """``nan_test=False`` where the input cannot be NaN (:mod:`~tvm_lowprec.quant.finite_quantize`):
+    the test names the input twice, which doubles what an inlined chain computes."""
     out_dtype = str(call.attrs.out_dtype)
     if "int" not in out_dtype:  # float8: TVM's legalization
         return tvm.ir.Op.get("relax.quantize").get_attr("FLegalize")(bb, call)
@@ -49,7 +51,7 @@ def legalize_quantize(bb, call):
             z = _parameter(zero_point, indices, axis if axis >= 0 else axis + len(indices)).astype("float32")
             x = data[indices]
             q = tirx.max(tirx.min(tirx.round(x / s) + z, hi.astype("float32")), lo.astype("float32"))
-            return tirx.if_then_else(tirx.isnan(x), z, q).astype(out_dtype)
+            return (tirx.if_then_else(tirx.isnan(x), z, q) if nan_test else q).astype(out_dtype)
 
         return te.compute(data.shape, element, name="quantized")
 

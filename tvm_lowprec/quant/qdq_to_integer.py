@@ -22,7 +22,8 @@ from ..errors import LowPrecError
 from ..kernels.depthwise import DepthwiseProblem, build_depthwise, depthwise_params
 from ..kernels.im2col import build_im2col
 from ..kernels.pack_b import build_pack_b
-from ..kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, pack_weights
+from ..kernels.qgemm import (Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, float32_requant_exact,
+                             pack_weights)
 from ..targets import TargetSpec
 from .patterns import (
     ConstWeight,
@@ -396,13 +397,26 @@ def emit_depthwise(builder, match: QGemmMatch) -> relax.Expr | None:
     a_dtype = dtype_of(match.x)
     problem = DepthwiseProblem(g, a_dtype, match.epilogue)
     name = f"qdepthwise_{a_dtype[0]}8_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}_s{g.strides[0]}"
-    gvar = builder.add_func(build_depthwise(problem, match.x_zero_point, name), name)
     params = depthwise_params(match.weight.values, match.weight.zero_point, match.x_zero_point, match.bias_int,
                               match.mult, match.epilogue)
+    gvar = builder.add_func(build_depthwise(problem, match.x_zero_point, name, params), name)
     x = builder.emit(relax.op.permute_dims(match.x, NCHW_TO_NHWC))
     out_type = relax.TensorType((g.batch, *g.out_hw, g.channels), match.epilogue.out_dtype)
     y = builder.emit(relax.call_tir(gvar, [x] + [relax.const(p) for p in params], out_type))
     return builder.emit(relax.op.permute_dims(y, NHWC_TO_NCHW))
+
+
+def _float32_exact(match: QGemmMatch) -> bool:
+    """A float requantization that float32 computes exactly for these weights (see
+    :func:`~tvm_lowprec.kernels.qgemm.float32_requant_exact`)."""
+    ep = match.epilogue
+    if ep.kind != "requant" or ep.mode != "float":
+        return False
+    info = np.iinfo(dtype_of(match.x))
+    za = int(np.asarray(match.x_zero_point).reshape(-1)[0])
+    w = match.weight.values.astype(np.int64) - np.asarray(match.weight.zero_point, np.int64).reshape(1, -1)
+    bias = 0 if match.bias_int is None else match.bias_int
+    return float32_requant_exact(np.abs(w).sum(axis=0), max(za - int(info.min), int(info.max) - za), bias, match.mult)
 
 
 def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
@@ -415,7 +429,8 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
     m = static_shape(x2)[0]
     row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
     runtime_za = match.x_zero_point_expr is not None
-    problem = QGemmProblem(m, n, k, dtype_of(match.x), match.epilogue, row_term=row_term, runtime_a_zero_point=runtime_za)
+    problem = QGemmProblem(m, n, k, dtype_of(match.x), match.epilogue, row_term=row_term, runtime_a_zero_point=runtime_za,
+                           requant_f32=not runtime_za and _float32_exact(match))
     layout = GemmLayout.choose(problem, spec, signed_weights(match.weight.values)[0])
     corr = gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, layout.a_offset, match.bias_int)
     zcoef = zero_point_coefficient(match.weight.values, match.weight.zero_point) if runtime_za else None

@@ -8,11 +8,12 @@ from .elementwise import ElementwiseRule
 from .depthwise import DepthwiseRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 from .rows import RowOpRule
+from .strided import StridedReductionRule
 from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
 DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), Col2imRule(), RowOpRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(),
-                 DlightRule(_dlight_cpu.Reduction()))
+                 StridedReductionRule(),                  DlightRule(_dlight_cpu.Reduction()))
 
 
 def schedule_func(func, spec, rules=DEFAULT_RULES):
@@ -25,4 +26,4 @@ def schedule_func(func, spec, rules=DEFAULT_RULES):
 
 
 __all__ = ["Col2imRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "RowOpRule",
-           "WindowReductionRule", "schedule_func"]
+           "StridedReductionRule", "WindowReductionRule", "schedule_func"]

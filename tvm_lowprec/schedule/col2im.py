@@ -7,7 +7,10 @@ with bias and requantization). Loop nest::
         for kh, kw (unrolled): acc[c] += cols[...]  # the taps that reach it, masked; vectorized over c
         out[b, oh, ow, :] = requant(acc + bias)     # vectorized over c
 
-Channels are innermost and contiguous in both the columns and the output (NHWC).
+Channels are innermost and contiguous in both the columns and the output (NHWC). Where the strides
+equal the kernel (the 2x2/stride-2 upsampler) each output pixel has one tap and no sum: the gather is
+inlined into the epilogue, vectorized over channels when they fill vectors, else left to LLVM's loop
+vectorizer (one channel at 480x480: 0.66 -> 0.1 ms).
 """
 
 from __future__ import annotations
@@ -23,16 +26,22 @@ class Col2imRule:
         gather, epilogue = sch.get_sblock("col2im"), sch.get_sblock("epilogue")
         b, oh, ow, c = sch.get_loops(epilogue)
         sch.parallel(sch.fuse(b, oh))
+        lanes = spec.gemm.vector_bits // 32  # int32 lanes
+        channels = int(sch.get(c).extent)
+        if all(iv.iter_type == 0 for iv in sch.get(gather).iter_vars):  # one tap per pixel
+            sch.compute_inline(gather)
+            if channels % lanes == 0:
+                _, inner = sch.split(c, [None, lanes])
+                sch.vectorize(inner)
+            return sch
         sch.compute_at(gather, ow)
         own = sch.get_loops(gather)[2:]  # (c, kh, kw) under (b*oh, ow); a loop of extent 1 is dropped
-        channels = int(sch.get(c).extent)
         if channels == 1 or len(own) != 3:  # one output channel (a segmentation map): nothing to vectorize
             sch.unroll(own[-1])
             return sch
         c_g, kh, kw = own
         sch.reorder(kh, kw, c_g)
         init = sch.decompose_reduction(gather, kh)
-        lanes = spec.gemm.vector_bits // 32  # int32 lanes
         for loop in (sch.get_loops(init)[-1], c_g, c):
             if channels % lanes == 0:
                 _, inner = sch.split(loop, [None, lanes])

@@ -1,8 +1,27 @@
 """Schedule for the depthwise kernel (:func:`~tvm_lowprec.kernels.depthwise.build_depthwise`).
 
-Parallel over output rows; per output pixel and per vector of channels, the int32 accumulator stays
-in registers across the unrolled kernel taps (the innermost, vectorized loop runs over channels,
-which are contiguous in NHWC), then the requantizing epilogue writes 8-bit results.
+Loop nest (``L`` int32 lanes dividing the channels, ``U`` output pixels per step)::
+
+    for b:
+      for oh in parallel(OH):                  # rows: the threads' split; partitioned, see below
+        for owo in range(OW / U):              # partitioned
+          for co in range(C / L):
+            acc[u, co*L : co*L + L] = 0
+            for kh in range(KH):               # a loop, so that LLVM keeps U accumulators and the
+              for kw in unroll(KW):            #   U + KW - 1 widened input columns of one kernel row
+                for u in unroll(U):            #   in registers instead of KH * KW * U products
+                  for ci in vectorized(L):     # zext(x) * sext(w') -> vpmaddwd, then vpaddd
+                    acc[u, c] += x[b, oh*s + kh, (owo*U + u)*s + kw, c] * w'[kh, kw, c]
+          for u in unroll(U):
+            for c in vectorized(2L or L):      # whole pixels: 16-byte packs and stores
+              out[b, oh, owo*U + u, c] = requant(acc[u, c] + corr[c])
+
+The ``U`` pixels of a step share input columns (with stride 1, ``U + KW - 1`` loads per kernel row
+instead of ``U * KW``). The taps read the unpadded input through a ``Select``
+(:mod:`tvm_lowprec.kernels.depthwise`); ``pragma_loop_partition_hint`` on ``oh`` and ``owo`` makes TVM's
+LoopPartition split off the border rows and column steps, so the interior, nearly all the work, has
+no selects and no padded copy of the input is made. Channels that no vector width divides get the
+same nest without vectors.
 """
 
 from __future__ import annotations
@@ -12,34 +31,45 @@ from tvm.s_tir import Schedule
 from .blocks import find_block
 
 
+def _pixels_per_step(extent: int, most: int = 4) -> int:
+    """U: the largest of 4, 3, 2 dividing the output width (no tail), else 1."""
+    return next((u for u in range(most, 1, -1) if extent % u == 0), 1)
+
+
+def _vector_lanes(channels: int, lanes: int) -> int | None:
+    """A full int32 register of channels, or half of one (24 channels on AVX-512), or None."""
+    return next((n for n in (lanes, lanes // 2) if n >= 4 and channels % n == 0), None)
+
+
 class DepthwiseRule:
     def apply(self, func, spec):
         if func.attrs is None or func.attrs.get("lowprec.op", None) != "qdepthwise":
             return None
         sch = Schedule(func)
-        lanes = spec.gemm.lanes  # int32 lanes of one vector register
-        padded = find_block(sch, "padded")
-        if padded is not None:
-            loops = sch.get_loops(padded)
-            sch.parallel(sch.fuse(loops[0], loops[1]))
-            if int(sch.get(loops[-1]).extent) % lanes == 0:
-                sch.vectorize(loops[-1])
-        acc, epilogue = sch.get_sblock("acc"), sch.get_sblock("epilogue")
+        acc, epilogue = find_block(sch, "acc"), find_block(sch, "epilogue")
+        if acc is None or epilogue is None:
+            return None
         b, oh, ow, c, kh, kw = sch.get_loops(acc)
         channels = int(sch.get(c).extent)
-        vector = channels % lanes == 0
-        co, ci = sch.split(c, [None, lanes]) if vector else (c, None)
-        if vector:
-            sch.reorder(co, kh, kw, ci)
-        rows = sch.fuse(b, oh)
-        sch.parallel(rows)
-        sch.reverse_compute_at(epilogue, co)
-        sch.unroll(kh)
+        lanes = _vector_lanes(channels, spec.gemm.lanes)
+        owo, owi = sch.split(ow, [None, _pixels_per_step(int(sch.get(ow).extent))])
+        co, ci = sch.split(c, [None, lanes]) if lanes else (c, None)
+        sch.reorder(owo, co, kh, kw, owi, *([ci] if lanes else []))
+        sch.parallel(oh)
+        for loop in (oh, owo):  # border steps keep the selects, the interior loses them
+            sch.annotate(loop, "pragma_loop_partition_hint", 1)
+        sch.reverse_compute_at(epilogue, owo)
         sch.unroll(kw)
-        if vector:
+        sch.unroll(owi)
+        if lanes:
             sch.vectorize(ci)
-            sch.vectorize(sch.get_loops(epilogue)[-1])
         init = sch.decompose_reduction(acc, kh)
-        if vector:
-            sch.vectorize(sch.get_loops(init)[-1])
+        if lanes:
+            io, ii = sch.get_loops(init)[-2:]
+            sch.unroll(io)
+            sch.vectorize(ii)
+            eo, ec = sch.get_loops(epilogue)[-2:]
+            _, ei = sch.split(ec, [None, 2 * lanes if channels % (2 * lanes) == 0 else lanes])
+            sch.unroll(eo)
+            sch.vectorize(ei)
         return sch

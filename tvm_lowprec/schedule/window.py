@@ -30,19 +30,40 @@ class WindowReductionRule:
             return None
         sch = Schedule(func)
         root, blocks = root_children(sch)
-        if not blocks or not _is_window(sch.get(blocks[-1])):
+        reducing = [i for i, b in enumerate(blocks) if any(iv.iter_type == 2 for iv in sch.get(b).iter_vars)]
+        if len(reducing) != 1 or not _is_window(sch.get(blocks[reducing[0]])):
             return None
-        for producer in blocks[:-1]:  # the padding
-            try:
+        window, epilogue = blocks[reducing[0]], blocks[reducing[0] + 1:]  # epilogue: a dequantize, say
+        try:
+            for producer in blocks[:reducing[0]]:  # the padding
                 sch.compute_inline(producer)
-            except tvm.s_tir.schedule.ScheduleError:
-                return None
-        if not _contiguous_in_last_spatial_axis(sch.get(blocks[-1])):
+            for consumer in reversed(epilogue[1:]):  # the epilogue as one block
+                sch.reverse_compute_inline(consumer)
+        except tvm.s_tir.schedule.ScheduleError:
+            return None
+        if not _contiguous_in_last_spatial_axis(sch.get(window)):
             return None  # a row reduction (softmax, layer norm, a matmul's A): not a window
-        return _schedule(sch, blocks[-1])
+        return _schedule(sch, window, epilogue[0] if epilogue else None)
+
+
+def _taps_only(block) -> bool:
+    """Every index that a reduction variable moves also moves with an output axis (``h + kh``): taps
+    of a window. A convolution's channel sum (``x[c, ...]``, c reduced alone) is not a window."""
+    from tvm.tirx.analysis import undefined_vars
+
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == 2]
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == 0]
+    for region in block.reads:
+        for r in region.region:
+            used = undefined_vars(r.min)
+            if any(v.same_as(x) for v in used for x in reduce) and not any(v.same_as(x) for v in used for x in spatial):
+                return False
+    return True
 
 
 def _is_window(block) -> bool:
+    if not _taps_only(block):
+        return False
     kinds = [iv.iter_type for iv in block.iter_vars]
     reduce = [iv.dom.extent for iv in block.iter_vars if iv.iter_type == 2]
     if not reduce or 0 not in kinds or set(kinds) - {0, 2}:
@@ -60,10 +81,10 @@ def _contiguous_in_last_spatial_axis(block) -> bool:
     from tvm.tirx.analysis import undefined_vars
 
     inner = [iv.var for iv in block.iter_vars if iv.iter_type == 0][-1]
-    return all(any(v.same_as(inner) for v in undefined_vars(region.region[-1].min)) for region in block.reads)
+    return all(any(v.same_as(inner) for v in undefined_vars(region.region[-1].min)) for region in block.reads if region.region)
 
 
-def _schedule(sch, block):
+def _schedule(sch, block, epilogue=None):
     loops = sch.get_loops(block)
     kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
     if len(loops) != len(kinds) or any(not hasattr(sch.get(l).extent, "value") for l in loops):
@@ -81,6 +102,10 @@ def _schedule(sch, block):
     # refuses to vectorize a loop over it; with the init kept, it lowers to a test of the window's
     # first tap, uniform across the vector lanes
     _vectorize_last(sch, block)
+    if epilogue is not None:  # element-wise on each output row, while it is in cache
+        if len(spatial) > 1:
+            sch.reverse_compute_at(epilogue, sch.get_loops(block)[0])
+        _vectorize_last(sch, epilogue)
     return sch
 
 

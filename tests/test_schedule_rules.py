@@ -1,0 +1,173 @@
+"""The schedule rules for the detectors' non-GEMM kernels, each on the operator it was written for:
+which rule takes the function (the decision), and that the scheduled kernel computes what the
+unscheduled one does (the transformation). Also the NaN test a quantize drops when its input is
+bounded (:mod:`tvm_lowprec.quant.finite_quantize`)."""
+
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto, helper
+from tvm import relax
+
+import tvm_lowprec
+from tvm_lowprec.kernels.qgemm import _column_groups
+from tvm_lowprec.schedule import DEFAULT_RULES, ElementwiseRule, StridedReductionRule, WindowReductionRule
+from tvm_lowprec.targets import resolve_target
+
+SPEC = resolve_target("native")
+
+
+def _fused_primfuncs(build):
+    """The PrimFuncs TVM fuses from the Relax function ``build(bb)`` emits (one per kernel)."""
+    bb = relax.BlockBuilder()
+    build(bb)
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+    return [f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+def _function(bb, shape, body, dtype="float32"):
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x))
+        bb.emit_func_output(out)
+
+
+def _run(func, inputs):
+    """``func`` on numpy ``inputs``: its outputs (the parameters after the inputs)."""
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SPEC.tvm_target(1))
+    outs = [tvm.runtime.tensor(np.zeros([int(d) for d in p.shape], str(p.dtype))) for p in func.params[len(inputs):]]
+    lib.mod["main"](*(tvm.runtime.tensor(a) for a in inputs), *outs)
+    return [o.numpy() for o in outs]
+
+
+def _first_rule(func):
+    return next((type(r).__name__ for r in DEFAULT_RULES if r.apply(func, SPEC) is not None), None)
+
+
+def _check_scheduled(func, rule, inputs, exact=True):
+    sch = rule.apply(func, SPEC)
+    assert sch is not None
+    want, got = _run(func, inputs), _run(sch.mod["main"], inputs)
+    for w, g in zip(want, got):
+        if exact:
+            np.testing.assert_array_equal(g, w)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+
+
+# -- reductions along an axis that is not the innermost ------------------------------------------
+STRIDED = {
+    # a YOLO-style DFL head: softmax over the 4 bins of 4 box sides, 64 anchors innermost
+    "softmax-axis1": ((1, 4, 4, 64), lambda bb, x: relax.op.nn.softmax(x, axis=1)),
+    # squeeze-excite's global average pool of an NHWC tensor (more points than a pooling window)
+    "mean-hw-nhwc": ((1, 40, 30, 16), lambda bb, x: relax.op.mean(x, axis=[1, 2], keepdims=True)),
+    "sum-axis0": ((300, 40), lambda bb, x: relax.op.sum(x, axis=[0])),
+}
+
+
+@pytest.mark.parametrize("name", list(STRIDED))
+def test_a_reduction_along_an_outer_axis_is_vectorized_along_the_inner_one(name, rng):
+    shape, body = STRIDED[name]
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, body))
+    assert _first_rule(func) == "StridedReductionRule"
+    _check_scheduled(func, StridedReductionRule(), [rng.standard_normal(shape).astype(np.float32)], exact=False)
+
+
+@pytest.mark.parametrize("axis", [-1])
+def test_the_strided_rule_declines_a_row_reduction(axis):
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, (8, 64), lambda bb, x: relax.op.nn.softmax(x, axis=axis)))
+    assert StridedReductionRule().apply(func, SPEC) is None
+
+
+def test_a_max_pool_with_a_dequantize_after_it_is_one_window_kernel(rng):
+    """SPPF's pools are followed by a dequantize in the same kernel: the window rule takes the pair
+    (the dequantize computed per output row), not TVM's fallback."""
+    shape = (1, 20, 20, 16)
+
+    def body(bb, x):
+        pooled = relax.op.nn.max_pool2d(x, pool_size=(5, 5), padding=(2, 2, 2, 2), layout="NHWC")
+        return relax.op.multiply(relax.op.astype(pooled, "float32"), relax.const(0.05, "float32"))
+
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, body, "uint8"))
+    assert _first_rule(func) == "WindowReductionRule"
+    _check_scheduled(func, WindowReductionRule(), [rng.integers(0, 256, shape).astype(np.uint8)])
+
+
+# -- injective chains ----------------------------------------------------------------------------
+def _upsample_concat(bb, x):
+    """An FPN's four 6-channel maps upsampled and concatenated into 24 channels (offsets 6, 12, 18)."""
+    pieces = [relax.op.image.resize2d(relax.op.multiply(x, relax.const(float(i + 1), "float32")), size=(16, 16),
+                                      layout="NHWC", method="nearest_neighbor", rounding_method="floor")
+              for i in range(4)]
+    return relax.op.concat(pieces, axis=-1)
+
+
+def test_a_concatenation_of_misaligned_pieces_computes_each_piece_first(rng):
+    from tvm.s_tir import Schedule
+
+    from tvm_lowprec.schedule.blocks import root_children
+    from tvm_lowprec.schedule.elementwise import _pieces_of_misaligned_concats
+
+    shape = (1, 8, 8, 6)
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, _upsample_concat))
+    sch = Schedule(func)
+    assert len(_pieces_of_misaligned_concats(sch, root_children(sch)[1])) == 4
+    _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
+
+
+def test_aligned_concatenation_pieces_are_inlined(rng):
+    """16-channel pieces of a 64-channel concatenation (SPPF): each vector reads one piece, nothing kept."""
+    from tvm.s_tir import Schedule
+
+    from tvm_lowprec.schedule.blocks import root_children
+    from tvm_lowprec.schedule.elementwise import _pieces_of_misaligned_concats
+
+    shape = (1, 8, 8, 16)
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, lambda bb, x: relax.op.concat(
+        [relax.op.multiply(x, relax.const(float(i), "float32")) for i in range(4)], axis=-1)))
+    sch = Schedule(func)
+    assert not _pieces_of_misaligned_concats(sch, root_children(sch)[1])
+    _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
+
+
+# -- GEMM panels ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("table_nr, groups, want", [(2, 3, 1), (2, 4, 2), (4, 3, 3), (4, 6, 3), (4, 96, 4), (3, 5, 3),
+                                                    (8, 1, 1)])
+def test_the_panel_width_pads_n_least(table_nr, groups, want):
+    """N = 24 on ymm is 3 vectors: nr = 2 would pad it to 4 (a third wasted), nr = 1 pads nothing."""
+    assert _column_groups(table_nr, groups) == want
+
+
+# -- the NaN test of quantize --------------------------------------------------------------------
+def _qdq_add_model():
+    """x -> Q -> DQ -> + c -> Q -> DQ: the first quantize reads a graph input (NaN possible), the
+    second a dequantized value plus a constant (bounded)."""
+    init = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.05]), helper.make_tensor("z", TensorProto.UINT8, [], [128]),
+            helper.make_tensor("c", TensorProto.FLOAT, [4], [0.5, -1.0, 2.0, 0.0])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Add", ["d", "c"], ["a"]),
+             helper.make_node("QuantizeLinear", ["a", "s", "z"], ["q2"]),
+             helper.make_node("DequantizeLinear", ["q2", "s", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq_add", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_only_the_quantize_of_an_unbounded_input_keeps_its_nan_test():
+    from tvm_lowprec.quant.finite_quantize import _Legalizer
+    from tvm_lowprec.quant.patterns import mutate_relax_functions
+
+    mod = tvm_lowprec.from_onnx(_qdq_add_model())
+    legalizer = _Legalizer(mod)
+    mutate_relax_functions(mod, legalizer)
+    assert legalizer.without_test == 1  # the second quantize; the first keeps its test
+    compiled = tvm_lowprec.compile(mod, target="native")
+    x = np.array([[np.nan, 1.0, -2.0, 0.3], [7.0, -7.0, np.inf, 0.0]], np.float32)
+    got = compiled(x)[0]
+    q = np.where(np.isnan(x), 128, np.clip(np.rint(x / np.float32(0.05)) + 128, 0, 255))  # NaN -> zero point
+    d = (q - 128) * np.float32(0.05) + np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    want = (np.clip(np.rint(d / np.float32(0.05)) + 128, 0, 255) - 128) * np.float32(0.05)
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=0, atol=1e-6)
