@@ -4,7 +4,7 @@ Inlines the blocks into the ones writing the outputs (a fused chain of injective
 loop nest per output: one, or several for a split) and keeps each nest's axes: the outer ones fused and
 parallel, the innermost vectorized. Fusing every axis into one vectorized loop makes every lane divide
 its position back into indices when the innermost extent is not a multiple of the vector (a 6400x24
-transpose-and-concatenate: 1.6 ms so, 0.33 ms as a nest; a 25600x27 reshape 0.61 -> 0.06 ms).
+transpose-and-concatenate: 1.6 ms so, 0.33-0.51 ms as a nest; a 25600x27 reshape 0.61 -> 0.06 ms).
 
 One exception to inlining: a concatenation along the innermost axis whose pieces do not start at
 multiples of the vector (4 pieces of 6 channels) would compute every piece in every lane; its pieces are
