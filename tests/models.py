@@ -188,3 +188,10 @@ def qlinear_conv(x_shape, c_out, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), d
     graph = helper.make_graph([node], "qconv", [helper.make_tensor_value_info("x", elem, list(x_shape))],
                               [helper.make_tensor_value_info("y", elem, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def fp32_and_qdq(fp32, shape, samples: int = 4) -> dict:
+    """``{"fp32": fp32, "qdq": its ORT quantize_static form}``, calibrated on ``samples`` N(0, 1) inputs
+    of ``shape`` (seed 0): the two forms the detector tests compile."""
+    rng = np.random.default_rng(0)
+    return {"fp32": fp32, "qdq": quantize_qdq(fp32, [rng.standard_normal(shape).astype(np.float32) for _ in range(samples)])}

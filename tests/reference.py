@@ -40,3 +40,9 @@ def assert_within_one_step(got, want, scale, exact_fraction=0.95):
     steps = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64)) / scale
     assert steps.max() <= 1.0 + 1e-3, f"{steps.max():.2f} steps apart"
     assert (steps < 1e-3).mean() >= exact_fraction, f"only {(steps < 1e-3).mean():.3f} exact"
+
+
+def cosine(a, b) -> float:
+    """Cosine similarity of two outputs, flattened, in float64."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))

@@ -18,23 +18,15 @@ from tvm_lowprec.errors import DynamicShapeError, InputError
 from tvm_lowprec.frontend.fold_shapes import fold_shapes
 
 from benchmarks.models.detector import yolo_like
-from models import quantize_qdq
-from reference import ort_session
+from models import fp32_and_qdq
+from reference import cosine, ort_session
 
 SHAPE = (1, 3, 64, 64)
 
 
 @pytest.fixture(scope="module")
 def detectors():
-    fp32 = yolo_like()
-    rng = np.random.default_rng(0)
-    qdq = quantize_qdq(fp32, [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(4)])
-    return {"fp32": fp32, "qdq": qdq}
-
-
-def _cosine(a, b) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    return fp32_and_qdq(yolo_like(), SHAPE)
 
 
 @pytest.mark.parametrize("form,shape", [("fp32", SHAPE), ("fp32", (2, 3, 96, 128)), ("qdq", SHAPE)],
@@ -52,7 +44,7 @@ def test_detector_with_dynamic_axes_compiles_and_matches_ort(detectors, form, sh
     got, want = compiled(x), ort_session(model, optimized=False).run(None, {"images": x})
     assert [g.shape for g in got] == [w.shape for w in want]
     for g, w in zip(got, want):
-        assert _cosine(g, w) >= 0.9999
+        assert cosine(g, w) >= 0.9999
 
 
 def test_shape_subgraphs_fold_to_constants(detectors):

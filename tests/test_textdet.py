@@ -18,8 +18,8 @@ import tvm_lowprec
 from tvm_lowprec.errors import DynamicShapeError
 from tvm_lowprec.frontend.fold_shapes import fold_shapes
 
-from models import quantize_qdq
-from reference import ort_session
+from models import fp32_and_qdq
+from reference import cosine, ort_session
 from benchmarks.models.textdet import db_like
 
 SHAPE = (1, 3, 64, 64)
@@ -32,15 +32,7 @@ FP32_ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def textdet():
-    fp32 = db_like()
-    rng = np.random.default_rng(0)
-    qdq = quantize_qdq(fp32, [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(4)])
-    return {"fp32": fp32, "qdq": qdq}
-
-
-def _cosine(a, b) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    return fp32_and_qdq(db_like(), SHAPE)
 
 
 def _batch_norms(mod) -> int:
@@ -67,7 +59,7 @@ def test_fp32_form_compiles_and_matches_ort(textdet, rng):
     assert got.shape == want.shape == SHAPE[:1] + (1,) + SHAPE[2:]
     assert 0.1 < want.std()  # a map that is not saturated: errors would show
     assert np.abs(got - want).max() <= FP32_ATOL
-    assert _cosine(got, want) >= 0.9999
+    assert cosine(got, want) >= 0.9999
 
 
 def test_qdq_form_compiles_to_integer_convolutions_and_matches_ort(textdet, rng):
@@ -86,7 +78,7 @@ def test_qdq_form_compiles_to_integer_convolutions_and_matches_ort(textdet, rng)
     x = rng.standard_normal(SHAPE).astype(np.float32)
     (got,), (want,) = compiled(x), ort_session(model, optimized=False).run(None, {"images": x})
     assert got.shape == want.shape == SHAPE[:1] + (1,) + SHAPE[2:]
-    assert _cosine(got, want) >= 0.9999
+    assert cosine(got, want) >= 0.9999
 
 
 def test_a_quantized_standalone_batchnorm_runs_as_written(textdet):

@@ -22,6 +22,7 @@ import tvm
 from tvm.s_tir import Schedule
 
 from .blocks import root_children
+from .window import contiguous_in_last_spatial_axis, schedule_window
 
 _VECTORS = (16, 8)  # float32 lanes per iteration: two ymm registers, else one
 _MIN_PARALLEL = 1 << 12
@@ -112,17 +113,15 @@ class StridedReductionRule:
 def _reduction_last(sch, blocks):
     """A reduction that writes the output (a sum over axis 0): as a pooling window of any size, its
     producers inlined."""
-    from .window import _contiguous_in_last_spatial_axis, _schedule
-
     try:
         for producer in blocks[:-1]:
             sch.compute_inline(producer)
     except tvm.s_tir.schedule.ScheduleError:
         return None
     stmt = sch.get(blocks[-1])
-    if not any(iv.iter_type == 0 for iv in stmt.iter_vars) or not _contiguous_in_last_spatial_axis(stmt):
+    if not any(iv.iter_type == 0 for iv in stmt.iter_vars) or not contiguous_in_last_spatial_axis(stmt):
         return None
-    return _schedule(sch, blocks[-1])
+    return schedule_window(sch, blocks[-1])
 
 
 def _inline_single_use(sch, blocks):

@@ -41,9 +41,9 @@ class WindowReductionRule:
                 sch.reverse_compute_inline(consumer)
         except tvm.s_tir.schedule.ScheduleError:
             return None
-        if not _contiguous_in_last_spatial_axis(sch.get(window)):
+        if not contiguous_in_last_spatial_axis(sch.get(window)):
             return None  # a row reduction (softmax, layer norm, a matmul's A): not a window
-        return _schedule(sch, window, epilogue[0] if epilogue else None)
+        return schedule_window(sch, window, epilogue[0] if epilogue else None)
 
 
 def _taps_only(block) -> bool:
@@ -76,7 +76,7 @@ def _is_window(block) -> bool:
     return window <= MAX_WINDOW
 
 
-def _contiguous_in_last_spatial_axis(block) -> bool:
+def contiguous_in_last_spatial_axis(block) -> bool:
     """Every read's innermost index moves with the last spatial axis (the one vectorized)."""
     from tvm.tirx.analysis import undefined_vars
 
@@ -84,7 +84,9 @@ def _contiguous_in_last_spatial_axis(block) -> bool:
     return all(any(v.same_as(inner) for v in undefined_vars(region.region[-1].min)) for region in block.reads if region.region)
 
 
-def _schedule(sch, block, epilogue=None):
+def schedule_window(sch, block, epilogue=None):
+    """The loop nest above for the window block (also used by the strided rule for a reduction that
+    writes the output itself)."""
     loops = sch.get_loops(block)
     kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
     if len(loops) != len(kinds) or any(not hasattr(sch.get(l).extent, "value") for l in loops):
