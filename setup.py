@@ -7,7 +7,7 @@ setup(
     packages=find_packages(include=["tvm_lowprec", "tvm_lowprec.*"]) + ["tvm_lowprec.schedules"],
     # schedules/ (tuning records shipped per target row) is installed as tvm_lowprec/schedules/
     package_dir={"tvm_lowprec.schedules": "schedules"},
-    package_data={"tvm_lowprec": ["data/*.onnx"], "tvm_lowprec.schedules": ["README.md", "*/*.json"]},
+    package_data={"tvm_lowprec": ["data/*.onnx", "data/*.c"], "tvm_lowprec.schedules": ["README.md", "*/*.json"]},
     python_requires=">=3.10",
     install_requires=[
         # pinned together: with apache-tvm-ffi 0.1.15.x every Schedule.tensorize segfaults

@@ -3,6 +3,7 @@ import pytest
 
 import tvm_lowprec
 from tvm_lowprec.emulation import execution_mode, load_emulated
+from tvm_lowprec.qemu import QemuModule, unavailable_reason
 from tvm_lowprec.targets import host_supports, registered_targets
 
 TARGETS = list(registered_targets().values())
@@ -23,8 +24,13 @@ def kernel_module(lib, spec, emulate=False):
     """The module to call a built kernel library through: ``lib`` itself where this host runs the
     row natively (and ``emulate`` is False), else its emulated form, whose replacement counts are
     checked against the real build (and must be positive: the kernel calls the row's intrinsic)."""
-    if execution_mode(spec) == "native" and not emulate:
+    mode = execution_mode(spec)
+    if mode == "native" and not emulate:
         return lib
+    if mode == "qemu":  # AArch64: the real instructions under qemu-aarch64, on the row's CPU model
+        return QemuModule(lib, cpu=spec.qemu_cpu)
+    if mode == "compile-only":
+        pytest.skip(f"{spec.name} cannot run here: {unavailable_reason()}")
     module, report = load_emulated(lib)
     assert report.total > 0, f"{spec.name}: the emulated build replaced no intrinsic call"
     assert dict(report.replaced) == dict(report.found)
@@ -34,3 +40,32 @@ def kernel_module(lib, spec, emulate=False):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def arm_board():
+    """One emulated arm64 board for the whole test run (tvm_lowprec.board): TVM's RPC server under
+    qemu-aarch64 (``-cpu max``: every Arm row's instructions), registered with a local RPC tracker on
+    the loopback interface. Yields ``(tracker address, key)``; a session is
+    ``tvm.rpc.connect_tracker(*address).request(key)``. Skips, with the reason, only where the
+    board's filesystem cannot be prepared here."""
+    from tvm_lowprec.board import EmulatedBoard, LocalTracker, SysrootError, prepare_sysroot
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no emulated arm64 board here: {reason}")
+    try:
+        sysroot = prepare_sysroot()
+    except SysrootError as error:
+        pytest.skip(f"the arm64 board cannot be prepared here: {error}")
+    key = "lowprec-arm64"
+    with LocalTracker() as tracker, EmulatedBoard(key=key, tracker=tracker.address, sysroot=sysroot):
+        yield tracker.address, key
+
+
+def board_session(arm_board):
+    """A new RPC session on the emulated board (one per model: a session holds its uploads)."""
+    import tvm
+
+    address, key = arm_board
+    return tvm.rpc.connect_tracker(*address).request(key, session_timeout=300)

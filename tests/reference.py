@@ -42,6 +42,17 @@ def assert_within_one_step(got, want, scale, exact_fraction=0.95):
     assert (steps < 1e-3).mean() >= exact_fraction, f"only {(steps < 1e-3).mean():.3f} exact"
 
 
+def assert_matches(got, want, how, model):
+    """``how``: ``"exact"``, ``"close"`` (float outputs, 1e-5) or ``"one-step"`` (quantized outputs, at
+    most one step of the model's output scale apart, nearly all exact)."""
+    if how == "exact":
+        np.testing.assert_array_equal(got, want)
+    elif how == "close":
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert_within_one_step(got, want, output_scale(model))
+
+
 def cosine(a, b) -> float:
     """Cosine similarity of two outputs, flattened, in float64."""
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()

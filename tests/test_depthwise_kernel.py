@@ -12,7 +12,10 @@ from tvm_lowprec.kernels.qgemm import Epilogue
 from tvm_lowprec.quant.patterns import ConvGeometry
 from tvm_lowprec.quant.requant import requantize_ref
 from tvm_lowprec.schedule.depthwise import DepthwiseRule
+from tvm_lowprec.qemu import is_aarch64
 from tvm_lowprec.targets import resolve_target
+
+from conftest import TARGETS, kernel_module
 
 
 def _geometry(c, hw, k, s=1, pads=(1, 1, 1, 1), dil=1, batch=1):
@@ -39,15 +42,19 @@ def _reference(x, w_taps, zw, zx, bias, mult, ep, g):
     return requantize_ref(acc, mult, ep.zero_point, ep.out_dtype, ep.qmin, ep.qmax, ep.mode)
 
 
-def _run(g, a_dtype, ep, x, w_taps, zw, zx, bias, mult, threads=1):
-    spec = resolve_target("native")
+def _run(g, a_dtype, ep, x, w_taps, zw, zx, bias, mult, threads=1, spec=None):
+    spec = spec or resolve_target("native")
     params = depthwise_params(w_taps, zw, zx, bias, mult, ep)
     sch = DepthwiseRule().apply(build_depthwise(DepthwiseProblem(g, a_dtype, ep), zx, "dw", params), spec)
     assert sch is not None
     lib = tvm.compile(sch.mod, target=spec.tvm_target(threads))
     out = tvm.runtime.tensor(np.zeros((g.batch, *g.out_hw, g.channels), ep.out_dtype))
-    lib["dw"](*[tvm.runtime.tensor(np.ascontiguousarray(v)) for v in [x, *params]], out)
+    kernel_module(lib, spec)["dw"](*[tvm.runtime.tensor(np.ascontiguousarray(v)) for v in [x, *params]], out)
     return out.numpy(), params
+
+
+# this host's row, and the AArch64 rows (cross-compiled, run under qemu-aarch64)
+SPECS = [resolve_target("native"), *(t for t in TARGETS if is_aarch64(t))]
 
 
 GEOMETRIES = {
@@ -61,9 +68,10 @@ GEOMETRIES = {
 }
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.row)
 @pytest.mark.parametrize("name", list(GEOMETRIES))
 @pytest.mark.parametrize("a_dtype", ["uint8", "int8"])
-def test_depthwise_kernel_is_exact(name, a_dtype, rng):
+def test_depthwise_kernel_is_exact(name, a_dtype, spec, rng):
     g = _geometry(**GEOMETRIES[name])
     lo, hi = (0, 256) if a_dtype == "uint8" else (-128, 128)
     x = rng.integers(lo, hi, (g.batch, *g.in_hw, g.channels)).astype(a_dtype)
@@ -72,7 +80,7 @@ def test_depthwise_kernel_is_exact(name, a_dtype, rng):
     bias = rng.integers(-5000, 5000, g.channels)
     mult = (rng.uniform(0.5, 2.0, g.channels) / 600).astype(np.float32)
     ep = Epilogue("requant", "uint8", zero_point=3, qmin=3)
-    got, params = _run(g, a_dtype, ep, x, w_taps, zw, zx, bias, mult)
+    got, params = _run(g, a_dtype, ep, x, w_taps, zw, zx, bias, mult, spec=spec)
     assert float32_exact(params, a_dtype, ep)
     want = _reference(x, w_taps, zw, zx, bias, mult, ep, g)
     np.testing.assert_array_equal(got, want)

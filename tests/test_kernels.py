@@ -6,6 +6,8 @@ way the results must equal a numpy int64 reference exactly. Where the host runs 
 the emulated build must give the same results as the native one.
 """
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -74,12 +76,23 @@ def _build(spec, problem, b_signed=None):
     return layout, ex
 
 
+def _mnemonic(intrin) -> str:
+    return intrin.name.split("_")[0]
+
+
 def _check_instruction(spec, layout, ex):
+    """The recipe's instruction is emitted; no instruction that needs features the row lacks (the
+    next Arm row's dot products in the one below it) and no vpmaddubsw outside its bounded recipe."""
     asm = ex.mod.inspect_source("asm")
     mnemonic = layout.intrin_row.split("_")[0]
-    assert mnemonic in asm, f"{spec.name}: {mnemonic} not emitted"
-    if layout.intrin_row.split("_")[0] != "vpmaddubsw":
+    assert re.search(rf"\b{mnemonic}\b", asm), f"{spec.name}: {mnemonic} not emitted"
+    if mnemonic != "vpmaddubsw":
         assert "vpmaddubsw" not in asm, "vpmaddubsw emitted by a recipe that must be exact for every weight"
+    own = {_mnemonic(r.intrin) for r in spec.recipes()}  # vpmaddwd is one mnemonic for ymm and zmm
+    for recipe in (r for other in TARGETS for r in other.recipes()):
+        if not set(recipe.intrin.features) <= set(spec.features) and _mnemonic(recipe.intrin) not in own:
+            assert not re.search(rf"\b{_mnemonic(recipe.intrin)}\b", asm), \
+                f"{spec.name} emitted {_mnemonic(recipe.intrin)}, which needs {recipe.intrin.features}"
 
 
 def _reference(a, b, za, zb, bias, mult, ep, fbias=None):

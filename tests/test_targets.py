@@ -14,9 +14,9 @@ from conftest import TARGETS
 
 @pytest.mark.parametrize("spec", TARGETS, ids=lambda s: s.name)
 def test_row_is_consistent(spec):
-    assert spec.gemm.lanes * 32 == spec.gemm.vector_bits
+    assert spec.gemm.lanes * spec.gemm.rows * 32 == spec.gemm.vector_bits
     assert set(spec.gemm.features) <= set(spec.features)
-    assert spec.tile_for(1).mr == 1
+    assert spec.tile_for(1).mr == spec.gemm.rows  # one row, or one row group of a matrix instruction
     for m in (1, 2, 3, 16, 1024):
         tile = spec.tile_for(m)
         assert tile.min_m <= m

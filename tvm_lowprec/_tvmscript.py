@@ -59,3 +59,17 @@ def use_threads(count: int) -> None:
 
     os.environ["TVM_NUM_THREADS"] = str(count)
 
+
+
+def export_shared_library(compiler: str, mod) -> str:
+    """A MetaSchedule builder's export for another CPU: ``mod`` linked into a shared library by the
+    cross ``compiler`` here (MetaSchedule's default exports a tar that the board links itself, which
+    needs a compiler on the board; an emulated board has none)."""
+    import os
+    import tempfile
+
+    from tvm.support import cc
+
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
+    mod.export_library(path, fcompile=cc.cross_compiler(compiler))
+    return path

@@ -163,7 +163,8 @@ def _run_without_timing(compiled, path, inputs, args) -> int:
     print(_kernel_table([r.as_row() for r in compiled.kernels()]))
     _flag_unscheduled(compiled)
     if compiled.execution == "none":
-        print(f"\n{compiled.spec.name} cannot run on this host, natively or emulated: compiled only")
+        print(f"\n{compiled.spec.name} cannot run in this process, natively or emulated: compiled only "
+              "(Compiled.export_library writes the library a board of that kind loads)")
         return 0
     report = compiled.emulation
     print(f"\nthis host lacks {compiled.spec.name}'s instructions: ran emulated ({report.total} intrinsic calls "
@@ -211,7 +212,8 @@ def cmd_targets(_args) -> int:
     ]
     print(_table(rows))
     print("\nhere: native = runs on this CPU; emulated = runs with the instructions replaced by their semantics in "
-          "generic code (exact results, not timed); compile-only = code generation only")
+          "generic code (exact results, not timed); qemu = AArch64 kernels run under qemu-aarch64 (exact, not "
+          "timed); compile-only = code generation only")
     print(f"native = {native_target().name}")
     return 0
 

@@ -128,7 +128,7 @@ class Compiled:
             tvm.get_global_func("runtime.config_threadpool")(1, int(self.num_threads))
             _POOL_THREADS = self.num_threads
 
-    def _arguments(self, args, kwargs) -> list:
+    def _arguments(self, args, kwargs, device=None) -> list:
         if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
             kwargs, args = dict(args[0]), ()
         if args and kwargs:
@@ -143,16 +143,16 @@ class Compiled:
             args = tuple(kwargs[i.name] for i in self.inputs)
         if len(args) != len(self.inputs):
             raise InputError(f"the model takes {len(self.inputs)} input(s) {[i.name for i in self.inputs]}, got {len(args)}")
-        return [self._check(spec, np.asarray(a)) for spec, a in zip(self.inputs, args)]
+        return [self._check(spec, np.asarray(a), device) for spec, a in zip(self.inputs, args)]
 
-    def _check(self, spec: InputSpec, value: np.ndarray):
+    def _check(self, spec: InputSpec, value: np.ndarray, device=None):
         if str(value.dtype) != spec.dtype:
             raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype}, got {value.dtype}")
         if len(value.shape) != len(spec.shape) or any(
             isinstance(d, int) and d != v for d, v in zip(spec.shape, value.shape)
         ):
             raise InputError(f"input {spec.name!r}: expected shape {list(spec.shape)}, got {list(value.shape)}")
-        return tvm.runtime.tensor(np.require(value, requirements="C"), self._device)  # keeps 0-d arrays 0-d
+        return tvm.runtime.tensor(np.require(value, requirements="C"), device or self._device)  # keeps 0-d arrays 0-d
 
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
         self._require()
@@ -230,6 +230,35 @@ class Compiled:
                 pass
             stack.extend(module.imports)
         return "\n".join(p for p in parts if p)
+
+    def remote(self, session) -> "RemoteModel":
+        """This model on a board reached through TVM RPC (``tvm.rpc.connect(host, port)``, or a
+        tracker's ``request(key)``): the library is exported (:meth:`export_library`), uploaded and
+        loaded there, and the returned model runs it on the board's CPU
+        (:class:`~tvm_lowprec.remote.RemoteModel`)."""
+        from .remote import RemoteModel
+
+        return RemoteModel(self, session)
+
+    def export_library(self, path) -> str:
+        """Write the compiled model as a shared library that TVM's runtime on the target loads
+        (``tvm.runtime.load_module``, or ``session.load_module`` after ``session.upload`` over RPC).
+        AArch64 rows are linked with the cross compiler ``aarch64-linux-gnu-gcc`` (Debian package
+        ``gcc-aarch64-linux-gnu``); x86 rows with the host's. Returns the path."""
+        from . import qemu
+
+        fcompile = None
+        if qemu.is_aarch64(self.spec):
+            import shutil
+
+            from tvm.support import cc
+
+            if shutil.which(qemu.CROSS_CC) is None:
+                raise LowPrecError(f"exporting for {self.spec.name} needs the cross linker {qemu.CROSS_CC} "
+                                   "(Debian package gcc-aarch64-linux-gnu)")
+            fcompile = cc.cross_compiler(qemu.CROSS_CC)
+        self.executable.export_library(str(path), fcompile=fcompile)
+        return str(path)
 
     def __repr__(self):
         return (f"Compiled(target={self.spec.name}, execution={self.execution}, inputs={[i.name for i in self.inputs]}, "

@@ -93,11 +93,15 @@ def known_semantics() -> dict:
 
 def execution_mode(spec) -> str:
     """``"native"`` (this host has the row's instruction set), ``"emulated"`` (it can run the row
-    through :func:`emulated_ir`) or ``"compile-only"``."""
+    through :func:`emulated_ir`), ``"qemu"`` (an AArch64 row whose kernels run under qemu-aarch64:
+    :mod:`tvm_lowprec.qemu`) or ``"compile-only"``."""
+    from . import qemu
     from .targets import host_supports
 
     if host_supports(spec):
         return "native"
+    if qemu.is_aarch64(spec):
+        return "qemu" if qemu.available() else "compile-only"
     needed = set()
     for recipe in spec.recipes():
         if not recipe.intrin.emulation:

@@ -38,7 +38,9 @@ class AOperand:
 
 @dataclass(frozen=True)
 class GemmIntrin:
-    """One dot-product instruction shape: ``C[lanes] += sum_k A[k] * B[lanes, k]`` for k < kstep."""
+    """One dot-product instruction shape: ``C[lanes] += sum_k A[k] * B[lanes, k]`` for k < kstep, or
+    with ``rows`` > 1 a matrix instruction: ``C[rows, lanes] += sum_k A[rows, k] * B[lanes, k]`` (Arm's
+    ``usmmla``: 2 x 2 int32 from 2 x 8 bytes of each operand). ``lanes`` counts the outputs per row."""
 
     name: str
     lanes: int
@@ -55,10 +57,11 @@ class GemmIntrin:
     # LLVM intrinsic name -> its semantics in generic IR (tvm_lowprec.intrin.semantics), for every
     # target-specific intrinsic the impl calls: what lets the row run emulated on any x86-64 host
     emulation: Mapping[str, object] = field(default_factory=dict)
+    rows: int = 1  # activation rows per instruction (a matrix instruction: more than one)
 
     def __post_init__(self):
-        if self.lanes * 32 != self.vector_bits:
-            raise ValueError(f"{self.name}: {self.lanes} int32 lanes do not fill {self.vector_bits} bits")
+        if self.lanes * self.rows * 32 != self.vector_bits:
+            raise ValueError(f"{self.name}: {self.rows} x {self.lanes} int32 lanes do not fill {self.vector_bits} bits")
         if self.kstep not in (2, 4, 8):
             raise ValueError(f"{self.name}: kstep {self.kstep} is not a supported reduction width")
         if self.saturates:
@@ -148,6 +151,9 @@ class TargetSpec:
     # faster recipes tried before ``gemm``, each declining weights outside its pair bound
     bounded: tuple[GemmRecipe, ...] = ()
     base: str = ""  # the registered row a derived spec (``native``) stands for
+    # the qemu-user CPU model that runs this row's code on another host (:mod:`tvm_lowprec.qemu`): one
+    # with the row's features and without the next row's, so a stray instruction dies with SIGILL
+    qemu_cpu: str = ""
 
     @property
     def row(self) -> str:

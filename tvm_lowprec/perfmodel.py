@@ -18,8 +18,16 @@ What the model sees and what it does not:
   epilogue, padding and threading are outside it (:attr:`Prediction.padding_efficiency` reports the
   padding waste separately). Bandwidth-bound shapes (GEMV) are predicted optimistic.
 - LLVM 14's models: ``icelake-server``, ``sapphirerapids`` and ``cascadelake`` all use the Skylake-SP
-  model, ``alderlake`` the Skylake client model; there is no Zen 4/5 model. A row's CPU list is in
-  :data:`MCA_CPUS`; :attr:`Prediction.sched_model` names the model ``llvm-mca`` actually used.
+  model, ``alderlake`` the Skylake client model; there is no Zen 4/5 model. On AArch64 it has **no
+  Neoverse model**: ``neoverse-v1``, ``neoverse-n2``, ``neoverse-n1``, ``cortex-a76`` and ``cortex-a72``
+  all run on its Cortex-A57 model (3-wide dispatch, two 128-bit SIMD pipes), so a "neoverse-v1"
+  figure is the fraction of that model's own ``sdot`` ceiling, not of a V1's; ``ampere1`` and
+  ``cortex-a57`` are models of their own (:func:`sched_model_note`). LLVM 16 and later have Neoverse
+  N1/N2/V1 models (``LLVM_MCA=llvm-mca-19``). A row's CPU list is in :data:`MCA_CPUS`;
+  :attr:`Prediction.sched_model` names the model ``llvm-mca`` actually used.
+- AArch64 kernels are cross-compiled and simulated with ``-mtriple=aarch64``; LLVM 14's llvm-mca parses
+  ``sdot``, ``usdot`` and ``usmmla`` (with ``-mattr=+i8mm`` where the CPU model lacks it:
+  :attr:`IntrinAsm.mattr`), ``smull`` and ``sadalp``.
 
 Installing ``llvm-mca`` (pip cannot): ``apt-get install llvm-14`` on Debian/Ubuntu gives
 ``/usr/bin/llvm-mca`` (or ``llvm-mca-14``); any LLVM >= 12 works. Set ``LLVM_MCA`` to pick another
@@ -56,6 +64,48 @@ MCA_CPUS: Mapping[str, tuple[str, ...]] = {
     "x86-avx-vnni": ("alderlake",),
     "x86-avx512": ("skylake-avx512", "cascadelake"),
     "x86-avx2": ("znver3", "haswell"),
+    # AArch64. LLVM 14 has no Neoverse model: neoverse-v1, neoverse-n2 (and neoverse-n1, cortex-a76,
+    # cortex-a72, cortex-x2, cortex-a710) all take its Cortex-A57 model (resources ``A57Unit*``: 3-wide
+    # dispatch, two 128-bit SIMD pipes, sdot/usdot latency 3 at 2 per cycle), so their figures are one
+    # model's. ampere1 (Armv8.6 with dotprod and i8mm) has a model of its own. cortex-a53's in-order
+    # model is left out: the ceiling block (each accumulator's smull then its sadalp) stalls an
+    # in-order pipe (0.14 steps per cycle where a software-pipelined block reaches 0.48).
+    "arm64-i8mm": ("neoverse-v1", "neoverse-n2", "ampere1"),
+    "arm64-dotprod": ("neoverse-v1", "neoverse-n2", "ampere1"),
+    "arm64-neon": ("cortex-a72", "cortex-a57"),
+}
+
+# llvm-mca resource prefix (:attr:`McaResult.sched_model`) -> the CPU whose scheduling model it is, for
+# the AArch64 models the rows above use (:func:`sched_model_note`).
+# LLVM 16 and later (``LLVM_MCA=llvm-mca-19``) have Neoverse models of their own.
+ARM_SCHED_MODELS: Mapping[str, str] = {
+    "A57": "cortex-a57", "A53": "cortex-a53", "CortexA55": "cortex-a55", "Ampere1": "ampere1",
+    "N1": "neoverse-n1", "N2": "neoverse-n2", "V1": "neoverse-v1", "V2": "neoverse-v2",
+}
+
+
+@dataclass(frozen=True)
+class AsmSyntax:
+    """What the loop extraction and llvm-mca need to know of an assembly dialect."""
+
+    name: str
+    triple: str  # llvm-mca -mtriple
+    comment: str  # starts a comment to the end of the line
+    branch: re.Pattern  # a branch to a label (group 1), conditional or not
+    stack_store: re.Pattern  # an instruction storing to the stack (a spill)
+
+
+SYNTAXES: Mapping[str, AsmSyntax] = {
+    # AT&T: ``jne .LBB0_2``; stores name their destination last: ``vmovdqu64 %zmm0, 64(%rsp)``
+    "x86": AsmSyntax("x86", "x86_64-unknown-linux-gnu", "#", re.compile(r"^\s*j[a-z]+\s+([.\w$]+)\s*$"),
+                     re.compile(r",\s*-?\w*\(%[re]?(sp|bp)\)\s*$")),
+    # ``b.ne .LBB4_6``, ``b .L``, ``cbnz x8, .L``, ``tbz w9, #3, .L``; ``#`` starts an immediate, ``//`` a
+    # comment; spills: ``str q0, [sp, #16]``, ``stp q1, q2, [x29, #-32]``
+    "aarch64": AsmSyntax(
+        "aarch64", "aarch64-unknown-linux-gnu", "//",
+        re.compile(r"^\s*(?:b(?:\.[a-z]{2})?\s+|cbn?z\s+[wx]\w+\s*,\s*|tbn?z\s+[wx]\w+\s*,\s*#?\w+\s*,\s*)"
+                   r"([.\w$]+)\s*$"),
+        re.compile(r"^\s*st\w*\s.*\[\s*(sp|x29)\b")),
 }
 
 
@@ -66,13 +116,21 @@ class IntrinAsm:
     ``mnemonic``: the instruction counted in the loop (one per intrinsic call); ``step``: the
     instructions of one accumulator's update, as templates over ``{r}`` (register class) and the
     registers ``{acc}``, ``{a}``, ``{b}``, ``{ones}``, ``{tmp}``; ``registers``: the vector registers the
-    encoding can name (16 for VEX ymm, 32 for EVEX zmm).
+    encoding can name (16 for VEX ymm, 32 for EVEX zmm and AArch64's ``v0``-``v31``); ``isa``: the
+    :data:`SYNTAXES` entry; ``mattr``: llvm-mca ``-mattr`` features the instructions need on a CPU model
+    without them (``usdot`` on cortex-a72: "instruction requires: i8mm").
     """
 
     mnemonic: str
     step: tuple[str, ...]
     reg: str
     registers: int
+    isa: str = "x86"
+    mattr: tuple[str, ...] = ()
+
+    @property
+    def syntax(self) -> AsmSyntax:
+        return SYNTAXES[self.isa]
 
     def operands(self) -> tuple[str, ...]:
         """The non-accumulator registers the step uses, each once."""
@@ -93,6 +151,14 @@ INTRIN_ASM: Mapping[str, IntrinAsm] = {
     "vpmaddwd_ymm": IntrinAsm("vpmaddwd", _MADDWD, "ymm", 16),
     "vpmaddubsw_zmm": IntrinAsm("vpmaddubsw", _UBSW, "zmm", 32),
     "vpmaddubsw_ymm": IntrinAsm("vpmaddubsw", _UBSW, "ymm", 16),
+    # AArch64 (tvm_lowprec.intrin.arm): one 128-bit vector of 4 int32 accumulators; A broadcast, B loaded.
+    "sdot_v16": IntrinAsm("sdot", ("sdot {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64", ("+dotprod",)),
+    "usdot_v16": IntrinAsm("usdot", ("usdot {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64", ("+i8mm",)),
+    # matrix instruction: a 2 x 2 int32 block from two 2 x 8 byte operands (twice usdot's products)
+    "usmmla_v16": IntrinAsm("usmmla", ("usmmla {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64", ("+i8mm",)),
+    # 8 s8 x s8 products into int16 (8 bytes of each operand: 4 lanes x kstep 2), pairs added into int32
+    "smull_v16": IntrinAsm("smull", ("smull {r}{tmp}.8h, {r}{a}.8b, {r}{b}.8b", "sadalp {r}{acc}.4s, {r}{tmp}.8h"),
+                           "v", 32, "aarch64"),
 }
 
 
@@ -135,6 +201,7 @@ class KernelLoop:
     body: tuple[str, ...]
     intrinsics: int
     first_line: int  # 1-based line of the label in the full assembly
+    isa: str = "x86"  # the :data:`SYNTAXES` entry the body is written in
 
 
 @dataclass(frozen=True)
@@ -163,6 +230,9 @@ class Prediction:
     shape : (M, N, K)
     tile : (mr, nr, kblock)
         As built (clipped to the shape, as :meth:`GemmLayout.choose` does).
+    rows : int
+        Activation rows per intrinsic (2 for a matrix instruction, ``usmmla``): the register tile
+        holds ``mr / rows * nr`` accumulators.
     cycles_per_iteration : float
         llvm-mca's total cycles / iterations of the loop body.
     block_rthroughput : float
@@ -195,6 +265,7 @@ class Prediction:
     ceiling_per_cycle: float
     fraction: float
     padding_efficiency: float
+    rows: int = 1
     stack_accesses: int = 0
     bytes_moved: int = 0
     loop: tuple[str, ...] = field(default=(), repr=False, compare=False)
@@ -214,7 +285,7 @@ class Prediction:
         """Predicted cycles for one ``kstep``-deep slice of K across the whole ``mr x nr`` register
         tile (an unrolled loop iteration covers several)."""
         mr, nr, _ = self.tile
-        return self.cycles_per_iteration / (self.intrinsics_per_iteration / (mr * nr))
+        return self.cycles_per_iteration / (self.intrinsics_per_iteration / (mr // self.rows * nr))
 
     @property
     def gemm_fraction(self) -> float:
@@ -236,6 +307,21 @@ def find_llvm_mca() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def mca_version(binary: str | None = None) -> str:
+    """The LLVM version of ``binary`` (default: :func:`find_llvm_mca`'s), e.g. ``"14.0.6"``; ``""`` when
+    it cannot be told."""
+    binary = binary or find_llvm_mca()
+    if binary is None:
+        return ""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    match = re.search(r"LLVM version (\d+(?:\.\d+)*)", out)
+    return match.group(1) if match else ""
+
+
 def _mca_binary() -> str:
     path = find_llvm_mca()
     if path is None:
@@ -247,8 +333,12 @@ _FIELDS = {"iterations": r"Iterations:\s+(\d+)", "instructions": r"Instructions:
            "total_cycles": r"Total Cycles:\s+(\d+)", "block_rthroughput": r"Block RThroughput:\s+([\d.]+)"}
 
 
-def run_mca(asm: str, cpu: str, iterations: int = DEFAULT_ITERATIONS) -> McaResult:
+def run_mca(asm: str, cpu: str, iterations: int = DEFAULT_ITERATIONS, isa: str = "x86",
+            mattr: Sequence[str] = ()) -> McaResult:
     """Simulate ``asm`` (one block, repeated) on llvm-mca's model of ``cpu``.
+
+    ``isa`` picks the triple (:data:`SYNTAXES`: ``x86``, ``aarch64``); ``mattr`` adds ``-mattr=``
+    features (``("+i8mm",)``) for instructions the CPU model does not have by default.
 
     Raises
     ------
@@ -256,7 +346,8 @@ def run_mca(asm: str, cpu: str, iterations: int = DEFAULT_ITERATIONS) -> McaResu
         llvm-mca is missing, or reported an error (quoted with the offending line of ``asm``); it
         exits 0 on some parse errors, so its standard error is checked too.
     """
-    cmd = [_mca_binary(), "-mtriple=x86_64-unknown-linux-gnu", f"-mcpu={cpu}", f"-iterations={iterations}", "-"]
+    cmd = [_mca_binary(), f"-mtriple={SYNTAXES[isa].triple}", f"-mcpu={cpu}", f"-iterations={iterations}",
+           *([f"-mattr={','.join(mattr)}"] if mattr else []), "-"]
     proc = subprocess.run(cmd, input=asm, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0 or "error:" in proc.stderr:
         raise McaError(_explain_mca_error(proc.stderr, asm, cpu))
@@ -266,7 +357,8 @@ def run_mca(asm: str, cpu: str, iterations: int = DEFAULT_ITERATIONS) -> McaResu
         if match is None:
             raise McaError(f"llvm-mca -mcpu={cpu}: no {key!r} in its output:\n{proc.stdout[:500]}")
         values[key] = float(match.group(1)) if key == "block_rthroughput" else int(match.group(1))
-    model = re.search(r"Resources:\s*\n\[\d+\]\s+-\s+([A-Za-z]+?\d?)(?:Port|ALU|AGU|Divider|FP|Load|Store)",
+    # the first resource's name, less its unit: SKXDivider, Zn3AGU0, A57UnitB, [0.0] CortexA55UnitALU
+    model = re.search(r"Resources:\s*\n\[[\d.]+\]\s+-\s+([A-Za-z]+?\d*)(?:Port|ALU|AGU|Divider|FP|Load|Store|Unit)",
                       proc.stdout)
     return McaResult(**values, sched_model=model.group(1) if model else "?")
 
@@ -285,14 +377,12 @@ def _explain_mca_error(stderr: str, asm: str, cpu: str) -> str:
 
 # ---------------------------------------------------------------- the loop
 
-_STACK = re.compile(r",\s*-?\w*\(%[re]?(sp|bp)\)\s*$")  # a store to the stack (AT&T: destination last)
 _LABEL = re.compile(r"^([.\w$]+):")
-_BRANCH = re.compile(r"^\s*j[a-z]+\s+([.\w$]+)\s*$")
 
 
-def _instruction(line: str) -> str:
+def _instruction(line: str, isa: str = "x86") -> str:
     """The line without its comment; '' for blank lines and comments."""
-    return line.split("#", 1)[0].strip()
+    return line.split(SYNTAXES[isa].comment, 1)[0].strip()
 
 
 def _mnemonic(text: str) -> str:
@@ -300,20 +390,21 @@ def _mnemonic(text: str) -> str:
     return words[0] if words else ""
 
 
-def _loops(lines: Sequence[str]) -> list[tuple[int, int, str]]:
+def _loops(lines: Sequence[str], isa: str = "x86") -> list[tuple[int, int, str]]:
     """(label line, back-branch line, label) for every backward branch."""
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
+    branch = SYNTAXES[isa].branch
     loops = []
     for i, line in enumerate(lines):
-        match = _BRANCH.match(_instruction(line))
+        match = branch.match(_instruction(line, isa))
         if match and labels.get(match.group(1), i + 1) <= i:
             loops.append((labels[match.group(1)], i, match.group(1)))
     return loops
 
 
-def extract_kernel_loop(asm: str, mnemonic: str) -> KernelLoop:
+def extract_kernel_loop(asm: str, mnemonic: str, isa: str = "x86") -> KernelLoop:
     """The innermost loop issuing ``mnemonic``; of several (peeled K blocks, remainders), the one
-    issuing most of them, the first on a tie.
+    issuing most of them, the first on a tie. ``isa``: the assembly's dialect (:data:`SYNTAXES`).
 
     Raises
     ------
@@ -322,15 +413,15 @@ def extract_kernel_loop(asm: str, mnemonic: str) -> KernelLoop:
     """
     lines = asm.splitlines()
     found = []
-    for start, end, label in _loops(lines):
-        count = sum(_mnemonic(_instruction(line)) == mnemonic for line in lines[start:end + 1])
+    for start, end, label in _loops(lines, isa):
+        count = sum(_mnemonic(_instruction(line, isa)) == mnemonic for line in lines[start:end + 1])
         if count:
             found.append((start, end, label, count))
     inner = [a for a in found if not any(b is not a and a[0] <= b[0] and b[1] <= a[1] for b in found)]
     if not inner:
         raise McaError(f"no loop in the assembly issues {mnemonic}")
     start, end, label, count = max(inner, key=lambda item: (item[3], -item[0]))
-    return KernelLoop(label, tuple(lines[start:end + 1]), count, start + 1)
+    return KernelLoop(label, tuple(lines[start:end + 1]), count, start + 1, isa)
 
 
 def mca_block(loop: KernelLoop) -> str:
@@ -338,7 +429,7 @@ def mca_block(loop: KernelLoop) -> str:
     dropped (LLVM 22's ``.loc``/``.p2align`` and the like mean nothing to a throughput model)."""
     kept = [f"{loop.label}:"]
     for line in loop.body[1:]:
-        text = _instruction(line)
+        text = _instruction(line, loop.isa)
         if text and not _LABEL.match(text) and not text.startswith("."):
             kept.append(text)
     return "\n".join(kept) + "\n"
@@ -366,12 +457,18 @@ def ceiling_block(intrin: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-@functools.lru_cache(maxsize=None)
 def ceiling(intrin: str, cpu: str, iterations: int = DEFAULT_ITERATIONS) -> float:
-    """Most ``intrin`` instructions per cycle llvm-mca's ``cpu`` model sustains."""
+    """Most ``intrin`` instructions per cycle llvm-mca's ``cpu`` model sustains (cached per llvm-mca
+    binary: ``LLVM_MCA`` may name another LLVM's, with other models)."""
+    return _ceiling(intrin, cpu, iterations, _mca_binary())
+
+
+@functools.lru_cache(maxsize=None)
+def _ceiling(intrin: str, cpu: str, iterations: int, binary: str) -> float:
     block = ceiling_block(intrin)
-    per_block = sum(_mnemonic(line) == INTRIN_ASM[intrin].mnemonic for line in block.splitlines())
-    return per_block / run_mca(block, cpu, iterations).cycles_per_iteration
+    info = INTRIN_ASM[intrin]
+    per_block = sum(_mnemonic(line) == info.mnemonic for line in block.splitlines())
+    return per_block / run_mca(block, cpu, iterations, info.isa, info.mattr).cycles_per_iteration
 
 
 # ---------------------------------------------------------------- building the kernel
@@ -405,16 +502,31 @@ def _as_tile(tile) -> Tile:
     return Tile(1, *tile)
 
 
+def _problem(m: int, n: int, k: int):
+    from .kernels.qgemm import Epilogue, QGemmProblem
+
+    return QGemmProblem(m, n, k, "uint8", Epilogue("requant", "uint8", zero_point=128))
+
+
+def layout_for(spec: TargetSpec, m: int, n: int, k: int, tile=None, recipe: str | None = None):
+    """The :class:`~tvm_lowprec.kernels.GemmLayout` :func:`build_asm` builds (the tile as clipped
+    to the shape and fitted to N), without building anything."""
+    from .kernels.qgemm import GemmLayout
+
+    built_spec, b_signed = spec_with(spec, recipe, tile)
+    return GemmLayout.choose(_problem(m, n, k), built_spec, b_signed)
+
+
 def build_asm(spec: TargetSpec, m: int, n: int, k: int, tile=None, recipe: str | None = None):
     """``(layout, assembly)`` of the uint8 x int8 -> uint8 requantizing GEMM (the benchmark's
     ``QLinearMatMul``) as the library builds it for ``spec``."""
     import tvm
 
-    from .kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm
+    from .kernels.qgemm import GemmLayout, build_qgemm
     from .schedule import schedule_func
 
     built_spec, b_signed = spec_with(spec, recipe, tile)
-    problem = QGemmProblem(m, n, k, "uint8", Epilogue("requant", "uint8", zero_point=128))
+    problem = _problem(m, n, k)
     layout = GemmLayout.choose(problem, built_spec, b_signed)
     sch = schedule_func(build_qgemm(problem, layout), built_spec)
     lib = tvm.tirx.build(sch.mod, target=built_spec.tvm_target(1))
@@ -429,6 +541,17 @@ def mca_cpus(spec: TargetSpec) -> tuple[str, ...]:
         raise McaError(f"no llvm-mca CPU model listed for row {spec.row!r}; add it to MCA_CPUS") from None
 
 
+def sched_model_note(cpu: str, sched_model: str) -> str:
+    """Whose scheduling model llvm-mca used for ``cpu`` (AArch64 models in :data:`ARM_SCHED_MODELS`):
+    ``"own model"``, ``"Cortex-A57 model (none of its own)"``, or ``""`` where it is not known here."""
+    owner = ARM_SCHED_MODELS.get(sched_model)
+    if owner is None:
+        return ""
+    if owner == cpu:
+        return "own model"
+    return f"{owner.replace('cortex-', 'Cortex-').replace('a5', 'A5')} model (none of its own)"
+
+
 def default_mca_cpu(spec: TargetSpec) -> str:
     """The CPU the code is compiled for when llvm-mca has it among the row's models (``native`` on
     this host: its own CPU), else the row's first model."""
@@ -438,7 +561,7 @@ def default_mca_cpu(spec: TargetSpec) -> str:
 
 
 def predict(spec: TargetSpec, m: int, n: int, k: int, tile=None, mca_cpu: str | None = None,
-            recipe: str | None = None, iterations: int = DEFAULT_ITERATIONS) -> Prediction:
+            recipe: str | None = None, iterations: int = DEFAULT_ITERATIONS, built=None) -> Prediction:
     """Predict the GEMM micro-kernel's fraction of peak with llvm-mca.
 
     Parameters
@@ -455,6 +578,8 @@ def predict(spec: TargetSpec, m: int, n: int, k: int, tile=None, mca_cpu: str | 
         Intrinsic row of one of the spec's recipes; default the first (the one 7-bit weights take).
     iterations : int
         llvm-mca ``-iterations``.
+    built : (GemmLayout, str), optional
+        :func:`build_asm`'s result for these arguments, to predict one build on several CPU models.
 
     Returns
     -------
@@ -468,11 +593,11 @@ def predict(spec: TargetSpec, m: int, n: int, k: int, tile=None, mca_cpu: str | 
     True
     """
     cpu = mca_cpu or default_mca_cpu(spec)
-    layout, asm = build_asm(spec, m, n, k, tile, recipe)
+    layout, asm = built if built is not None else build_asm(spec, m, n, k, tile, recipe)
     info = INTRIN_ASM[layout.intrin_row]
-    loop = extract_kernel_loop(asm, info.mnemonic)
+    loop = extract_kernel_loop(asm, info.mnemonic, info.isa)
     block = mca_block(loop)
-    result = run_mca(block, cpu, iterations)
+    result = run_mca(block, cpu, iterations, info.isa, info.mattr)
     top = ceiling(layout.intrin_row, cpu, iterations)
     achieved = loop.intrinsics / result.cycles_per_iteration
     return Prediction(
@@ -480,14 +605,16 @@ def predict(spec: TargetSpec, m: int, n: int, k: int, tile=None, mca_cpu: str | 
         shape=(m, n, k), tile=(layout.mr, layout.nr, layout.kblock),
         cycles_per_iteration=result.cycles_per_iteration, block_rthroughput=result.block_rthroughput,
         intrinsics_per_iteration=loop.intrinsics, ceiling_per_cycle=top, fraction=achieved / top,
-        padding_efficiency=m * n * k / (layout.mp * layout.np_ * layout.kp),
-        stack_accesses=sum(bool(_STACK.search(line)) for line in block.splitlines()), loop=tuple(block.splitlines()),
+        padding_efficiency=m * n * k / (layout.mp * layout.np_ * layout.kp), rows=layout.rows,
+        stack_accesses=sum(bool(info.syntax.stack_store.search(line)) for line in block.splitlines()),
+        loop=tuple(block.splitlines()),
         bytes_moved=layout.np_ * layout.kp * (2 if layout.b_storage == "int16" else 1) + m * k + m * n,
     )
 
 
 __all__ = [
-    "CEILING_MAX_ACCUMULATORS", "INTRIN_ASM", "IntrinAsm", "KernelLoop", "MCA_CPUS", "McaError", "McaResult",
-    "Memory", "Prediction", "ROW_MEMORY", "build_asm", "ceiling", "ceiling_block", "default_mca_cpu", "extract_kernel_loop",
-    "find_llvm_mca", "mca_block", "mca_cpus", "predict", "run_mca", "spec_with",
+    "ARM_SCHED_MODELS", "AsmSyntax", "CEILING_MAX_ACCUMULATORS", "INTRIN_ASM", "IntrinAsm", "KernelLoop",
+    "MCA_CPUS", "McaError", "McaResult", "Memory", "Prediction", "ROW_MEMORY", "SYNTAXES", "build_asm", "ceiling",
+    "ceiling_block", "default_mca_cpu", "extract_kernel_loop", "find_llvm_mca", "layout_for", "mca_block",
+    "mca_cpus", "mca_version", "predict", "run_mca", "sched_model_note", "spec_with",
 ]

@@ -30,8 +30,9 @@ POINT_ERRORS: tuple[type[BaseException], ...] = (
     RuntimeError, ValueError, TypeError, NotImplementedError, AttributeError, ImportError, MemoryError, OSError,
 )
 MAX_STEP_DIFF = 1  # tvm-lowprec may differ from ORT's QLinearMatMul by one rounding step
-# Rows this host cannot time, predicted by llvm-mca (tvm_lowprec.perfmodel) in every report with predictions.
-PREDICTED_ROWS = ("x86-avx512-vnni", "x86-avx-vnni")
+# Rows this host cannot time, predicted by llvm-mca (tvm_lowprec.perfmodel) in every report with predictions
+# (the AArch64 rows on every CPU model perfmodel.MCA_CPUS lists for them; no memory figures: ROW_MEMORY).
+PREDICTED_ROWS = ("x86-avx512-vnni", "x86-avx-vnni", "arm64-i8mm", "arm64-dotprod", "arm64-neon")
 PREDICTED_SHAPES: tuple[Shape, ...] = ((1024, 1024, 1024), (16, 3072, 768), (1, 4096, 4096))
 
 

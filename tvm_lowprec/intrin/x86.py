@@ -17,62 +17,12 @@ rejects; these impls pass byte vectors, as the intrinsic now expects.
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from .._tvmscript import cheap_frame_inspection
 from ..hwspec import AOperand, GemmIntrin
+from .dot import broadcast_impl, dot_desc, register
 from .semantics import DotSemantics
-
-_SIGN_FLIP = -2139062144  # 0x80808080 as int32: flips the sign bit of each of 4 packed bytes
-
-
-def _dot_desc(lanes: int, kstep: int, a_dtype: str, a_offset: int, b_dtype: str = "int8"):
-    shifted = a_offset != 0
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((kstep,), a_dtype, offset_factor=1),
-        B: T.Buffer((lanes, kstep), b_dtype, offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1),
-    ):
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
-            T.writes(C[0:lanes])
-            for i, k in T.grid(lanes, kstep):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + (
-                        (T.cast(A[vk], "int32") + a_offset) if shifted else T.cast(A[vk], "int32")
-                    ) * T.cast(B[vi, vk], "int32")
-
-    return desc
-
-
-def _u8_broadcast_impl(lanes: int, a_dtype: str, product):
-    """Impl of the kstep-4 byte intrinsics: broadcast 4 activation bytes (sign-flipped to u8 for s8
-    activations), load 4*lanes weight bytes, ``C = product(a_u8, b_s8, C)``."""
-    kstep, nbytes = 4, lanes * 4
-    flip = a_dtype == "int8"
-
-    @T.prim_func(s_tir=True)
-    def impl(
-        A: T.Buffer((kstep,), a_dtype, offset_factor=1),
-        B: T.Buffer((lanes, kstep), "int8", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1),
-    ):
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
-            T.writes(C[0:lanes])
-            a4 = T.reinterpret(A.vload([0], a_dtype + "x4"), dtype="int32")
-            a_b = T.broadcast(T.bitwise_xor(a4, T.int32(_SIGN_FLIP)) if flip else a4, lanes)
-            C[T.ramp(T.int32(0), 1, lanes)] = product(
-                T.reinterpret(a_b, dtype=f"uint8x{nbytes}"),
-                B.vload([0, 0], dtype=f"int8x{nbytes}"),
-                C.vload([0], dtype=f"int32x{lanes}"),
-            )
-
-    return impl
 
 
 def _vpdpbusd(lanes: int, llvm_name: str):
@@ -135,16 +85,12 @@ def _pmaddubsw_semantics(lanes16: int) -> DotSemantics:
     return DotSemantics(lanes16, 2, 8, 16, a_ext="zext", b_ext="sext", saturate=True)
 
 
-def _register(name, desc, impl):
-    TensorIntrin.register(name, desc, impl, override=True)
-    return name
-
-
 def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
     operands = {}
     for a_dtype, offset in (("uint8", 0), ("int8", 128)):
         iname = f"lowprec_{name}_{a_dtype}_{lanes}x4"
-        _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _u8_broadcast_impl(lanes, a_dtype, _vpdpbusd(lanes, llvm_name)))
+        impl = broadcast_impl(lanes, 4, a_dtype, a_dtype == "int8", "uint8", _vpdpbusd(lanes, llvm_name))
+        register(iname, dot_desc(lanes, 4, a_dtype, offset), impl)
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
     return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features,
                       emulation={llvm_name: _vpdpbusd_semantics(lanes)})
@@ -153,9 +99,9 @@ def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) 
 def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
     names = {}
     for b_dtype, suffix in (("int8", ""), ("int16", "_wideb")):
-        names[b_dtype] = _register(
+        names[b_dtype] = register(
             f"lowprec_{name}_int16{suffix}_{lanes}x2",
-            _dot_desc(lanes, 2, "int16", 0, b_dtype),
+            dot_desc(lanes, 2, "int16", 0, b_dtype),
             _pmaddwd_impl(lanes, llvm_name, b_dtype),
         )
     # both activation dtypes are widened to int16 by the kernel's prepare step: no offset needed
@@ -168,8 +114,8 @@ def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features
     operands = {}
     for a_dtype, offset in (("uint8", 0), ("int8", 128)):
         iname = f"lowprec_{name}_{a_dtype}_{lanes}x4"
-        product = _pmaddubsw(lanes, llvm_ubsw, llvm_wd)
-        _register(iname, _dot_desc(lanes, 4, a_dtype, offset), _u8_broadcast_impl(lanes, a_dtype, product))
+        impl = broadcast_impl(lanes, 4, a_dtype, a_dtype == "int8", "uint8", _pmaddubsw(lanes, llvm_ubsw, llvm_wd))
+        register(iname, dot_desc(lanes, 4, a_dtype, offset), impl)
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
     emulation = {llvm_ubsw: _pmaddubsw_semantics(lanes * 2), llvm_wd: _pmaddwd_semantics(lanes)}
     return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features, weight_pair_bound=128,

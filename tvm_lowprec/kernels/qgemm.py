@@ -119,6 +119,7 @@ class GemmLayout:
     mp: int
     np_: int
     kp: int
+    rows: int = 1  # activation rows per instruction: > 1 keeps the accumulators in rows x lanes blocks
 
     @staticmethod
     def choose(problem: QGemmProblem, spec: TargetSpec, b_signed=None) -> "GemmLayout":
@@ -128,7 +129,7 @@ class GemmLayout:
         tile = recipe.tile_for(problem.m)
         gi = recipe.intrin
         operand = gi.operand(problem.a_dtype)
-        mr = min(tile.mr, problem.m)
+        mr = _ceil(min(tile.mr, problem.m), gi.rows)  # whole row groups for a matrix instruction
         nr = _column_groups(tile.nr, -(-problem.n // gi.lanes))
         kp = _ceil(problem.k, gi.kstep)
         kblock = tile.kblock if tile.kblock and tile.kblock < kp and kp % tile.kblock == 0 else 0
@@ -147,6 +148,7 @@ class GemmLayout:
             mp=_ceil(problem.m, mr),
             np_=_ceil(problem.n, gi.lanes * nr),
             kp=kp,
+            rows=gi.rows,
         )
 
     @property
@@ -289,8 +291,11 @@ def build_qgemm(problem: QGemmProblem, layout: GemmLayout, name: str = "qgemm"):
         args.append(rowcoef)
         terms.append(lambda b, m, n: rowcoef[n] * (rowsum[(*b, m)] + lay.a_offset * p.k))
 
+    R, L = lay.rows, lay.lanes
+
     def total(b, m, n):
-        x = acc[(*b, m, n)]
+        # rows > 1: the accumulator is blocked, gemm[.., m / rows, n / lanes, m % rows, n % lanes]
+        x = acc[(*b, m, n)] if R == 1 else acc[(*b, m // R, n // L, m % R, n % L)]
         for term in terms:
             x = x + term(b, m, n)
         return x
@@ -312,15 +317,20 @@ def _gemm(p: QGemmProblem, lay: GemmLayout, A, Bp, nb: int):
 
         a_src = te.compute(tuple(A.shape[:nb]) + (lay.mp, lay.kp), prep, name="A_prepared")
     k = te.reduce_axis((0, lay.kp), name="k")
-    G, L, KS = lay.panel, lay.lanes, lay.kstep
+    G, L, KS, R = lay.panel, lay.lanes, lay.kstep, lay.rows
 
-    def body(*i):
-        b, (m, n) = i[:nb], i[nb:]
+    def product(b, m, n):
         a = a_src[(*b, m, k)].astype("int32")
         a = a + lay.a_offset if lay.a_offset else a
         return te.sum(a * Bp[(*b, n // G, k // KS, (n // L) % lay.nr, n % L, k % KS)].astype("int32"), axis=k)
 
-    return te.compute(tuple(A.shape[:nb]) + (lay.mp, lay.np_), body, name="gemm")
+    lead = tuple(A.shape[:nb])
+    if R == 1:
+        return te.compute(lead + (lay.mp, lay.np_), lambda *i: product(i[:nb], *i[nb:]), name="gemm")
+    # a matrix instruction writes a rows x lanes block: the accumulator is stored blocked, so each
+    # instruction's block is contiguous ([M / rows, N / lanes, rows, lanes])
+    return te.compute(lead + (lay.mp // R, lay.np_ // L, R, L),
+                      lambda *i: product(i[:nb], i[nb] * R + i[nb + 2], i[nb + 1] * L + i[nb + 3]), name="gemm")
 
 
 def _row_sum(p: QGemmProblem, A, np_: int, nb: int):
@@ -363,6 +373,7 @@ def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
         "lowprec.shape": [problem.m, problem.n, problem.k],
         "lowprec.tile": [layout.mr, layout.nr, layout.kblock],
         "lowprec.vector": [layout.lanes, layout.kstep],
+        "lowprec.rows": layout.rows,
         "lowprec.b_storage": layout.b_storage,
         "lowprec.a_dtype": problem.a_dtype,
         "lowprec.epilogue": problem.epilogue.kind,

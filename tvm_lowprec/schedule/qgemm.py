@@ -35,9 +35,10 @@ class QGemmRule:
         intrin = str(func.attrs["lowprec.intrin"])
         lanes, kstep = (int(x) for x in func.attrs["lowprec.vector"])
         batched = int(func.attrs.get("lowprec.batch", 0)) > 0
+        rows = gemm_rows(func)
         sch = Schedule(func)
         self._prepare_inputs(sch)
-        self._gemm(sch, mr, nr, kblock, intrin, lanes, kstep, batched)
+        self._gemm(sch, mr // rows, nr, kblock, intrin, lanes, kstep, batched, rows)
         return sch
 
     # Step 1. Prepared activations and row sums: parallel over rows, vectorized along K.
@@ -57,26 +58,45 @@ class QGemmRule:
 
     # Step 2. Tile, tensorize, fuse the epilogue.
     @staticmethod
-    def _gemm(sch, mr, nr, kblock, intrin, lanes, kstep, batched):
-        tile_gemm(sch, mr, nr, [None, kblock // kstep] if kblock else None, intrin, lanes, kstep, batched)
+    def _gemm(sch, groups, nr, kblock, intrin, lanes, kstep, batched, rows=1):
+        tile_gemm(sch, groups, nr, [None, kblock // kstep] if kblock else None, intrin, lanes, kstep, batched, rows)
 
 
-def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False):
-    """The GEMM loop nest: ``mr`` rows x ``nr`` vectors per tile (``mr`` an int or a sampled factor),
-    the lane loop tensorized with ``intrin``. ``k_blocks``: None keeps all of K inside a row tile
-    (epilogue fused per row tile); else the two factors ``[blocks, slices per block]`` of the
-    ``K / kstep`` slices (or a function of the schedule and that loop giving them: a search samples
-    them), a block loop between panel and row tiles (epilogue fused per panel)."""
+def gemm_rows(func) -> int:
+    """Activation rows per instruction of a qgemm PrimFunc (``lowprec.rows``; 1 for dot products)."""
+    return int(func.attrs.get("lowprec.rows", 1))
+
+
+def row_loop(sch, rows: int = 1):
+    """The gemm block's row loop: over rows, or over groups of ``rows`` rows for a matrix instruction
+    (whose accumulator is blocked ``[M / rows, N / lanes, rows, lanes]``)."""
+    return sch.get_loops(sch.get_sblock("gemm"))[-3 if rows == 1 else -5]
+
+
+def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1):
+    """The GEMM loop nest: ``mr`` rows (row groups where ``rows`` > 1) x ``nr`` vectors per tile
+    (``mr`` an int or a sampled factor), the lane loop (the group's rows x lanes block) tensorized
+    with ``intrin``. ``k_blocks``: None keeps all of K inside a row tile (epilogue fused per row
+    tile); else the two factors ``[blocks, slices per block]`` of the ``K / kstep`` slices (or a
+    function of the schedule and that loop giving them: a search samples them), a block loop between
+    panel and row tiles (epilogue fused per panel)."""
     block = sch.get_sblock("gemm")
     loops = sch.get_loops(block)
-    batch, (m, n, k) = (loops[0] if batched else None), loops[-3:]
+    batch = loops[0] if batched else None
+    if rows == 1:
+        m, n, k = loops[-3:]
+        panel, g, lane = sch.split(n, [None, nr, lanes])
+        inner = (lane,)
+    else:  # the block's own (row, lane) loops are the instruction's
+        m, n, r, lane, k = loops[-5:]
+        panel, g = sch.split(n, [None, nr])
+        inner = (r, lane)
     mo, mi = sch.split(m, [None, mr])
-    panel, g, lane = sch.split(n, [None, nr, lanes])
     epi = sch.get_sblock("epilogue")
     if k_blocks is not None:
         slices, ki = sch.split(k, [None, kstep])
         ko, kb = sch.split(slices, k_blocks(sch, slices) if callable(k_blocks) else k_blocks)
-        sch.reorder(panel, ko, mo, kb, mi, g, lane, ki)
+        sch.reorder(panel, ko, mo, kb, mi, g, *inner, ki)
         sch.parallel(_with_batch(sch, batch, panel))
         sch.decompose_reduction(block, ko)
         _fuse_epilogue(sch, epi, panel)
@@ -85,15 +105,18 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False):
         # (a narrow GEMM has one to three panels, so few tasks; measured here, making the row tiles
         # the parallel loop instead ran 2-3x slower at 1 and 2 threads, and fusing panels and row tiles
         # into one parallel loop costs the accumulator tile its compaction: 0.7 -> 5.5 ms)
-        sch.reorder(panel, mo, kb, mi, g, lane, ki)
+        sch.reorder(panel, mo, kb, mi, g, *inner, ki)
         sch.parallel(_with_batch(sch, batch, panel))
         sch.decompose_reduction(block, kb)
         _fuse_epilogue(sch, epi, mo)
-    sch.tensorize(lane, intrin)
+    sch.tensorize(inner[0], intrin)
     sch.unroll(mi)
     sch.unroll(g)
-    _vectorize_inner(sch, sch.get_sblock("gemm_init"), lanes)
-    _vectorize_inner(sch, epi, lanes)
+    init = sch.get_sblock("gemm_init")
+    if rows > 1:  # one vector per accumulator block
+        sch.fuse(*sch.get_loops(init)[-2:])
+    _vectorize_inner(sch, init, lanes * rows)
+    _vectorize_inner(sch, epi, lanes * rows)
 
 
 def _with_batch(sch, batch, panel):

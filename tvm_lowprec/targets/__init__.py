@@ -6,6 +6,7 @@ import functools
 from typing import Mapping
 
 from ..hwspec import AOperand, GemmIntrin, GemmRecipe, TargetSpec, Tile
+from .arm import ARM_TARGETS
 from .x86 import X86_TARGETS
 
 _REGISTRY: dict[str, TargetSpec] = {}
@@ -20,7 +21,7 @@ def register_target(spec: TargetSpec) -> TargetSpec:
     return spec
 
 
-for _spec in X86_TARGETS:
+for _spec in (*X86_TARGETS, *ARM_TARGETS):
     register_target(_spec)
 
 

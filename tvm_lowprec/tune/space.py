@@ -27,7 +27,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from ..schedule.qgemm import QGemmRule, tile_gemm
+from ..schedule.qgemm import QGemmRule, gemm_rows, row_loop, tile_gemm
 
 MAX_ROWS = 8  # row-tile bound for the search (the tile tables go up to 6)
 MAX_K_SLICES = 512  # kstep slices per K block
@@ -41,7 +41,7 @@ def is_tunable(func) -> bool:
 
 
 _KEY_ATTRS = ("lowprec.shape", "lowprec.tile", "lowprec.vector", "lowprec.intrin", "lowprec.b_storage",
-              "lowprec.a_dtype", "lowprec.epilogue", "lowprec.batch")
+              "lowprec.a_dtype", "lowprec.epilogue", "lowprec.batch")  # lowprec.rows: implied by the intrinsic
 
 
 def schedule_key(func) -> str:
@@ -65,22 +65,24 @@ def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     intrin = str(func.attrs["lowprec.intrin"])
     lanes, kstep = (int(x) for x in func.attrs["lowprec.vector"])
     batched = int(func.attrs.get("lowprec.batch", 0)) > 0
+    rows = gemm_rows(func)
     decisions = list(decisions or [None, None])
     QGemmRule._prepare_inputs(sch)
-    m = sch.get_loops(sch.get_sblock("gemm"))[-3]
-    mr = sch.sample_perfect_tile(m, n=2, max_innermost_factor=MAX_ROWS, decision=decisions[0])[1]
+    mr = sch.sample_perfect_tile(row_loop(sch, rows), n=2, max_innermost_factor=MAX_ROWS // rows,
+                                 decision=decisions[0])[1]
 
     def k_blocks(sch, slices):
         return sch.sample_perfect_tile(slices, n=2, max_innermost_factor=MAX_K_SLICES, decision=decisions[1])
 
-    tile_gemm(sch, mr, nr, k_blocks if k_blocked else None, intrin, lanes, kstep, batched)
+    tile_gemm(sch, mr, nr, k_blocks if k_blocked else None, intrin, lanes, kstep, batched, rows)
 
 
 def _gemm_extents(func) -> tuple[int, int]:
-    """(padded rows, K slices of ``kstep``) of a qgemm PrimFunc."""
+    """(padded rows, or row groups for a matrix instruction; K slices of ``kstep``) of a qgemm PrimFunc."""
     _, kstep = (int(x) for x in func.attrs["lowprec.vector"])
     probe = Schedule(func)
-    rows, _, k = (int(probe.get(loop).extent) for loop in probe.get_loops(probe.get_sblock("gemm"))[-3:])
+    rows = int(probe.get(row_loop(probe, gemm_rows(func))).extent)
+    k = int(probe.get(probe.get_loops(probe.get_sblock("gemm"))[-1]).extent)
     return rows, k // kstep
 
 
@@ -89,7 +91,7 @@ def space_size(func) -> int:
     to a few hundred): the tuner stops there instead of asking the search for candidates that are
     not left."""
     rows, slices = _gemm_extents(func)
-    row_tiles = sum(rows % d == 0 for d in range(1, MAX_ROWS + 1))
+    row_tiles = sum(rows % d == 0 for d in range(1, MAX_ROWS // gemm_rows(func) + 1))
     k_blocks = sum(slices % d == 0 for d in range(1, min(slices, MAX_K_SLICES) + 1))
     return row_tiles * (1 + k_blocks)
 
@@ -106,6 +108,7 @@ def default_schedule(func):
     """The default schedule as a point of the space (its trace carries the rule's row tile and K block
     as the samples' decisions), or None where the rule's tile does not divide the loop."""
     mr, _, kblock = (int(x) for x in func.attrs["lowprec.tile"])
+    mr //= gemm_rows(func)  # row groups for a matrix instruction
     _, kstep = (int(x) for x in func.attrs["lowprec.vector"])
     rows, slices = _gemm_extents(func)
     if rows % mr or (kblock and slices % (kblock // kstep)):

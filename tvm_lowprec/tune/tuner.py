@@ -212,14 +212,20 @@ def _evaluator():
     return ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=100, enable_cpu_cache_flush=False)
 
 
-def _builder(timeout_sec: float):
+def _builder(timeout_sec: float, spec=None):
     """One build worker (the VM has two cores; the runner needs them quiet). The worker imports TVM's
     tensor intrinsics the cheap way (:mod:`tvm_lowprec._tvmscript`): MetaSchedule restarts the build
-    pool for every batch and would otherwise spend about 60 s per batch importing them."""
+    pool for every batch and would otherwise spend about 60 s per batch importing them. For an
+    AArch64 row the worker links each candidate with the cross compiler, so the board only loads it."""
     import cloudpickle
 
+    from .. import qemu
+
     cloudpickle.register_pickle_by_value(sys.modules[_tvmscript.__name__])  # the worker needs no tvm_lowprec
-    return ms.builder.LocalBuilder(max_workers=1, timeout_sec=timeout_sec,
+    export = None
+    if spec is not None and qemu.is_aarch64(spec):
+        export = functools.partial(_tvmscript.export_shared_library, qemu.CROSS_CC)
+    return ms.builder.LocalBuilder(max_workers=1, timeout_sec=timeout_sec, f_export=export,
                                    initializer=_tvmscript.import_tensor_intrinsics)
 
 
@@ -399,7 +405,7 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
         runner = runner or ms.runner.LocalRunner(
             timeout_sec=60, evaluator_config=_evaluator(),
             initializer=functools.partial(_tvmscript.use_threads, num_threads) if num_threads else None)
-        builder = _builder(builder_timeout)
+        builder = _builder(builder_timeout, spec)
         _tvmscript.import_tensor_intrinsics()  # TuneContext imports them; cheaply here
     for task in tqdm(todo, desc="tuning", disable=not progress or not todo):
         if records_of(database, task.func) == 0:
