@@ -95,3 +95,17 @@ def test_tuning_against_the_board_through_its_tracker(arm_board, tmp_path, rng):
     a = rng.integers(0, 256, (16, 64)).astype(np.uint8)
     want = ReferenceEvaluator(model).run(None, {model.graph.input[0].name: a})[0]
     np.testing.assert_array_equal(_run_on_board(compiled, arm_board, a)[0], want)
+
+
+def test_cli_runs_a_model_on_the_board(arm_board, capsys):
+    """``tvm-lowprec run --target arm64-i8mm --rpc-tracker ... --rpc-key ...``: the demo model on the
+    board, its outputs equal to ONNX Runtime's graph as written, and the board's own time printed."""
+    from tvm_lowprec.cli import main
+
+    (host, port), key = arm_board
+    assert main(["run", "--target", "arm64-i8mm", "--rpc-tracker", f"{host}:{port}", "--rpc-key", key,
+                 "--repeat", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "usmmla_v16_" in out and f"ran on the board at {key}@{host}:{port}" in out
+    line = next(l for l in out.splitlines() if "graph as written" in l)  # noqa: E741
+    assert float(line.rsplit(":", 1)[1]) == 0.0

@@ -5,6 +5,7 @@
     tvm-lowprec targets                # the registered target rows and whether this host runs them
     tvm-lowprec tune model.onnx --target native --trials 64 --work-dir tuning/
     tvm-lowprec tune model.onnx --target x86-avx512-vnni --rpc-tracker host:9190 --rpc-key vnni
+    tvm-lowprec run model.onnx --target arm64-dotprod --rpc board:9090
     tvm-lowprec run model.onnx --database tuning/
     tvm-lowprec run detector.onnx --shape images=1x3x480x480   # dynamic axes fixed, shapes folded
 """
@@ -130,6 +131,8 @@ def cmd_run(args) -> int:
     _done(t0)
     print(f"\ntarget: {compiled.spec.name} — {compiled.spec.description}\n")
     inputs = _random_inputs(compiled, args.seed)
+    if args.rpc or args.rpc_tracker:
+        return _run_on_board(compiled, path, inputs, args)
     if compiled.execution != "native":
         return _run_without_timing(compiled, path, inputs, args)
     rows = [{**r, "ms": f"{r['ms']:.4f}", "gops": "" if r["gops"] is None else f"{r['gops']:.1f}",
@@ -170,6 +173,40 @@ def _run_without_timing(compiled, path, inputs, args) -> int:
     print(f"\nthis host lacks {compiled.spec.name}'s instructions: ran emulated ({report.total} intrinsic calls "
           f"replaced by their semantics, retargeted to {report.host_cpu}); no timing")
     _print_vs_graph_as_written(compiled(inputs), path, inputs, args.threads)
+    return 0
+
+
+def _host_port(text: str, option: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"tvm-lowprec run: {option} must be HOST:PORT, not {text!r}")
+    return host, int(port)
+
+
+def _board_session(args):
+    """The RPC session ``--rpc HOST:PORT`` (a board's ``tvm.exec.rpc_server``) or ``--rpc-tracker
+    HOST:PORT --rpc-key KEY`` (a board registered with a tracker) names."""
+    import tvm
+
+    if args.rpc_tracker:
+        if not args.rpc_key:
+            raise SystemExit("tvm-lowprec run: --rpc-tracker needs --rpc-key")
+        return tvm.rpc.connect_tracker(*_host_port(args.rpc_tracker, "--rpc-tracker")).request(args.rpc_key)
+    return tvm.rpc.connect(*_host_port(args.rpc, "--rpc"), key=args.rpc_key or "")  # a server started with --key
+
+
+def _run_on_board(compiled, path, inputs, args) -> int:
+    """The model on a board over TVM RPC (the way a cross-compiled row runs): the kernel table, the
+    board's outputs against ONNX Runtime here, and the board's own time per call."""
+    print(_kernel_table([r.as_row() for r in compiled.kernels()]))
+    _flag_unscheduled(compiled)
+    where = args.rpc or f"{args.rpc_key}@{args.rpc_tracker}"
+    with compiled.remote(_board_session(args)) as remote:
+        outputs = remote(inputs)
+        seconds = remote.benchmark(inputs, number=max(1, args.repeat // 5), repeat=5)
+    print(f"\nran on the board at {where}: {seconds * 1e3:.3f} ms per call, by the board's own timer "
+          "(meaningless where the board is emulated)")
+    _print_vs_graph_as_written(outputs, path, inputs, args.threads)
     return 0
 
 
@@ -243,6 +280,11 @@ def main(argv=None) -> int:
     run.add_argument("--repeat", type=int, default=50, help="timed calls per runtime")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--database", help="tuning records (a `tvm-lowprec tune` work dir) to compile with")
+    run.add_argument("--rpc", metavar="HOST:PORT", help="run on the board whose TVM RPC server listens there "
+                     "(python -m tvm.exec.rpc_server on the board; for the cross-compiled rows, e.g. arm64-dotprod)")
+    run.add_argument("--rpc-tracker", metavar="HOST:PORT", help="run on a board registered with this RPC tracker")
+    run.add_argument("--rpc-key", help="the key of the board to run on (with --rpc-tracker; with --rpc where its "
+                     "server was started with --key)")
     _add_shape_option(run)
     run.set_defaults(func=cmd_run)
     tune = sub.add_parser("tune", help="tune a model's integer kernels with MetaSchedule; records in --work-dir")
