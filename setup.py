@@ -25,7 +25,7 @@ setup(
     extras_require={
         # the tests run the benchmarks' code paths too: everything the benchmarks import but torch
         # (sympy: ONNX Runtime's quant_pre_process, which builds the benchmark models, imports it)
-        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy"],
+        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy", "ml_dtypes"],
         "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy"],
     },
     entry_points={"console_scripts": ["tvm-lowprec=tvm_lowprec.cli:main"]},

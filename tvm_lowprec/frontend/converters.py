@@ -75,7 +75,118 @@ class Clip(_tvm_onnx.Clip):
         return relax.op.clip(inputs[0], lo, hi)
 
 
-EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip}
+def _float8_of(*exprs):
+    """The :class:`~tvm_lowprec.quant.float8.Float8Format` of the first expression with a float8
+    dtype, or None."""
+    from ..quant.float8 import FORMATS
+
+    for expr in exprs:
+        if expr is not None and str(expr.ty.dtype) in FORMATS:
+            return FORMATS[str(expr.ty.dtype)]
+    return None
+
+
+def _per_axis(bb, param, ndim: int, axis: int):
+    """A per-tensor parameter as a scalar, a 1-D per-axis one shaped to broadcast along ``axis``."""
+    if param is None or len(param.ty.shape) == 0 or ndim == 0:
+        return param
+    if len(param.ty.shape) == 1 and int(param.ty.shape[0]) == 1:
+        return bb.normalize(relax.op.reshape(param, ()))
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return bb.normalize(relax.op.reshape(param, shape))
+
+
+def _float8_first(cls, inherited):
+    """A converter that takes the float8 form (``cls._float8``) where it applies, else TVM's own
+    converter for the model's opset."""
+
+    def convert(bb, inputs, attr, params):
+        converted = cls._float8(bb, inputs, attr)
+        return inherited(bb, inputs, attr, params) if converted is None else converted
+
+    return convert
+
+
+class QuantizeLinear(_tvm_onnx.QuantizeLinear):
+    """Float8 outputs (``float8e4m3fn``, ``float8e5m2``) by the formats' own rounding and ``saturate``
+    (:mod:`tvm_lowprec.quant.float8`: TVM's float8 cast is wrong outside the normal range); ONNX's
+    reference ignores a float8 zero point here, and so does this. Integer types: TVM's converter."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        return _float8_first(cls, super().get_converter(opset))
+
+    @classmethod
+    def _float8(cls, bb, inputs, attr):
+        from tvm import te, tirx
+
+        from ..quant.float8 import FORMATS, encode
+
+        zp = inputs[2] if len(inputs) > 2 else None
+        fmt = _float8_of(zp)
+        output_dtype = attr.get("output_dtype")
+        if fmt is None and output_dtype is not None:
+            from onnx import helper
+
+            fmt = FORMATS.get(str(helper.tensor_dtype_to_np_dtype(int(output_dtype))))
+        if fmt is None:
+            return None
+        x, ndim = inputs[0], len(inputs[0].ty.shape)
+        scale = _per_axis(bb, inputs[1], ndim, int(attr.get("axis", 1)))
+        saturate = bool(attr.get("saturate", 1))
+
+        def compute(x, scale):
+            def element(*i):
+                s = scale[i[-len(scale.shape):]] if len(scale.shape) else scale[()]
+                return tirx.reinterpret(fmt.name, encode(x[i].astype("float32") / s.astype("float32"), fmt, saturate))
+
+            return te.compute(x.shape, element, name="quantize_float8")
+
+        return bb.emit_te(compute, x, scale)
+
+
+class DequantizeLinear(_tvm_onnx.DequantizeLinear):
+    """Float8 inputs decoded exactly (:mod:`tvm_lowprec.quant.float8`), then ``(x - zero_point) *
+    scale`` in the scale's dtype, as ONNX's reference computes it. Integer types: TVM's converter."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        return _float8_first(cls, super().get_converter(opset))
+
+    @classmethod
+    def _float8(cls, bb, inputs, attr):
+        from tvm import te, tirx
+
+        from ..quant.float8 import decode
+
+        x = inputs[0]
+        fmt = _float8_of(x)
+        if fmt is None:
+            return None
+        ndim, axis = len(x.ty.shape), int(attr.get("axis", 1))
+        scale = _per_axis(bb, inputs[1], ndim, axis)
+        zp = _per_axis(bb, inputs[2] if len(inputs) > 2 else None, ndim, axis)
+        out_dtype = str(inputs[1].ty.dtype)
+
+        def value(t, i, full):
+            return decode(tirx.reinterpret("uint8", t[i if full else i[-len(t.shape):]]), fmt)
+
+        def compute(x, scale, *zp):
+            def element(*i):
+                v = value(x, i, True)
+                if zp:
+                    v = v - (value(zp[0], i, False) if len(zp[0].shape) else decode(tirx.reinterpret("uint8", zp[0][()]), fmt))
+                s = scale[i[-len(scale.shape):]] if len(scale.shape) else scale[()]
+                return (v * s.astype("float32")).astype(out_dtype)
+
+            return te.compute(x.shape, element, name="dequantize_float8")
+
+        return bb.emit_te(compute, x, scale, *([zp] if zp is not None else []))
+
+
+EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "QuantizeLinear": QuantizeLinear,
+                    "DequantizeLinear": DequantizeLinear}
 
 
 @contextlib.contextmanager
