@@ -24,6 +24,11 @@ CLAIMED = (
     "test_dynamicquantizelinear",
     "test_dynamicquantizelinear_max_adjusted",
     "test_dynamicquantizelinear_min_adjusted",
+    # 16-bit Q/DQ (TVM's own converters)
+    "test_quantizelinear_int16",
+    "test_quantizelinear_uint16",
+    "test_dequantizelinear_int16",
+    "test_dequantizelinear_uint16",
     # float8 (tvm_lowprec.quant.float8: the formats' own rounding and saturation)
     "test_quantizelinear_e4m3fn",
     "test_quantizelinear_e5m2",
