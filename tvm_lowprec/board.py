@@ -64,7 +64,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import LowPrecError
-from .qemu import CROSS_CC, QEMU  # the same tools as the kernel harness
+from .qemu import CROSS_CC, QEMU  # noqa: F401  (the same tools as the kernel harness; CROSS_CC re-exported)
 
 SYSROOT_ENV = "LOWPREC_ARM64_SYSROOT"
 LOOPBACK = "127.0.0.1"
@@ -555,15 +555,10 @@ def cross_compile(mod, path: str | os.PathLike, target=None) -> Path:
     """Build the Relax module ``mod`` for ``target`` (default :func:`arm64_target`) and export it as an
     AArch64 shared library at ``path`` with ``aarch64-linux-gnu-gcc``, ready for :func:`run_remote`."""
     import tvm
-    from tvm.support import cc
 
-    if shutil.which(CROSS_CC) is None:
-        raise BoardError(f"{CROSS_CC} not found: install the Debian packages gcc-aarch64-linux-gnu and "
-                         "libc6-dev-arm64-cross")
-    executable = tvm.compile(mod, target if target is not None else arm64_target())
-    path = Path(path)
-    executable.export_library(str(path), fcompile=cc.cross_compiler(CROSS_CC))
-    return path
+    from .qemu import export_aarch64
+
+    return Path(export_aarch64(tvm.compile(mod, target if target is not None else arm64_target()), path))
 
 
 def run_remote(session, lib_path: str | os.PathLike, inputs: Sequence[np.ndarray],

@@ -247,17 +247,9 @@ class Compiled:
         ``gcc-aarch64-linux-gnu``); x86 rows with the host's. Returns the path."""
         from . import qemu
 
-        fcompile = None
         if qemu.is_aarch64(self.spec):
-            import shutil
-
-            from tvm.support import cc
-
-            if shutil.which(qemu.CROSS_CC) is None:
-                raise LowPrecError(f"exporting for {self.spec.name} needs the cross linker {qemu.CROSS_CC} "
-                                   "(Debian package gcc-aarch64-linux-gnu)")
-            fcompile = cc.cross_compiler(qemu.CROSS_CC)
-        self.executable.export_library(str(path), fcompile=fcompile)
+            return qemu.export_aarch64(self.executable, path)
+        self.executable.export_library(str(path))
         return str(path)
 
     def __repr__(self):

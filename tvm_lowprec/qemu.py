@@ -79,6 +79,18 @@ def _require():
         raise QemuError(f"cannot run AArch64 code here: {reason}")
 
 
+def export_aarch64(executable, path) -> str:
+    """Link ``executable`` (a ``tvm.compile`` result for an AArch64 target) into the shared library
+    ``path`` with the cross compiler, for a board to load. Returns the path."""
+    if shutil.which(CROSS_CC) is None:
+        raise QemuError(f"linking for AArch64 needs the cross compiler {CROSS_CC}: install the Debian packages "
+                        "gcc-aarch64-linux-gnu and libc6-dev-arm64-cross")
+    from tvm.support import cc
+
+    executable.export_library(str(path), fcompile=cc.cross_compiler(CROSS_CC))
+    return str(path)
+
+
 # ---------------------------------------------------------------- the tensor file
 
 def _to_numpy(value) -> np.ndarray:

@@ -97,6 +97,12 @@ def _per_axis(bb, param, ndim: int, axis: int):
     return bb.normalize(relax.op.reshape(param, shape))
 
 
+def _broadcast_at(t, index):
+    """``t`` at the trailing dimensions of ``index`` (a scalar, or a parameter shaped by
+    :func:`_per_axis` to broadcast against the input)."""
+    return t[tuple(index[len(index) - len(t.shape):])]
+
+
 def _float8_first(cls, inherited):
     """A converter that takes the float8 form (``cls._float8``) where it applies, else TVM's own
     converter for the model's opset."""
@@ -138,8 +144,8 @@ class QuantizeLinear(_tvm_onnx.QuantizeLinear):
 
         def compute(x, scale):
             def element(*i):
-                s = scale[i[-len(scale.shape):]] if len(scale.shape) else scale[()]
-                return tirx.reinterpret(fmt.name, encode(x[i].astype("float32") / s.astype("float32"), fmt, saturate))
+                s = _broadcast_at(scale, i).astype("float32")
+                return tirx.reinterpret(fmt.name, encode(x[i].astype("float32") / s, fmt, saturate))
 
             return te.compute(x.shape, element, name="quantize_float8")
 
@@ -169,16 +175,13 @@ class DequantizeLinear(_tvm_onnx.DequantizeLinear):
         zp = _per_axis(bb, inputs[2] if len(inputs) > 2 else None, ndim, axis)
         out_dtype = str(inputs[1].ty.dtype)
 
-        def value(t, i, full):
-            return decode(tirx.reinterpret("uint8", t[i if full else i[-len(t.shape):]]), fmt)
+        def value(t, i):
+            return decode(tirx.reinterpret("uint8", _broadcast_at(t, i)), fmt)
 
         def compute(x, scale, *zp):
             def element(*i):
-                v = value(x, i, True)
-                if zp:
-                    v = v - (value(zp[0], i, False) if len(zp[0].shape) else decode(tirx.reinterpret("uint8", zp[0][()]), fmt))
-                s = scale[i[-len(scale.shape):]] if len(scale.shape) else scale[()]
-                return (v * s.astype("float32")).astype(out_dtype)
+                v = value(x, i) - value(zp[0], i) if zp else value(x, i)
+                return (v * _broadcast_at(scale, i).astype("float32")).astype(out_dtype)
 
             return te.compute(x.shape, element, name="dequantize_float8")
 
