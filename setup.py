@@ -25,7 +25,10 @@ setup(
     extras_require={
         # the tests run the benchmarks' code paths too: everything the benchmarks import but torch
         # (sympy: ONNX Runtime's quant_pre_process, which builds the benchmark models, imports it)
-        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy", "ml_dtypes"],
+        # cuobjdump + nvdisasm (NVIDIA's wheels, no GPU needed): the tests read the SASS of every cubin
+        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy", "ml_dtypes",
+                 "nvidia-cuda-cuobjdump; platform_system == 'Linux' and platform_machine == 'x86_64'",
+                 "nvidia-cuda-nvdisasm; platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy"],
     },
     entry_points={"console_scripts": ["tvm-lowprec=tvm_lowprec.cli:main"]},

@@ -6,7 +6,7 @@ from tvm_lowprec.emulation import execution_mode, load_emulated
 from tvm_lowprec.qemu import QemuModule, unavailable_reason
 from tvm_lowprec.targets import host_supports, registered_targets
 
-TARGETS = list(registered_targets().values())
+TARGETS = list(registered_targets("cpu").values())  # GPU rows: tests/test_cuda_*.py
 # the rows this host runs natively; every other row runs emulated (tvm_lowprec.emulation)
 NATIVE = [t for t in TARGETS if host_supports(t)]
 

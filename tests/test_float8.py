@@ -6,6 +6,7 @@ that it still does: the day it is fixed, the library can use it."""
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 import tvm
 from tvm import te
@@ -75,3 +76,91 @@ def test_tvm_own_float8_cast_is_still_wrong_outside_the_normal_range():
     ex["f"](tvm.runtime.tensor(np.float32([500.0, np.nan, 0.0013])), out)
     want = np.float32([500.0, np.nan, 0.0013]).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     assert not np.array_equal(out.numpy(), want, equal_nan=True)
+
+
+# --- FP8 Q/DQ in models: static per-tensor, per-row and dynamic (per-call) scales, on the CPU and
+# compiled for the GPU rows
+
+_ONNX_FP8 = {"e4m3fn": onnx.TensorProto.FLOAT8E4M3FN, "e5m2": onnx.TensorProto.FLOAT8E5M2}
+
+
+def _fp8_qdq_model(name, scales, saturate, rows=6, cols=40):
+    """``y = DequantizeLinear(QuantizeLinear(x, s), s)`` with float8 codes: ``scales`` is ``"tensor"``
+    (one constant), ``"row"`` (a constant per row, axis 0) or ``"dynamic"`` (``max|x| / largest
+    finite value``, computed per call)."""
+    from onnx import helper, numpy_helper
+
+    mdt = FORMATS[name][1]
+    zp = helper.make_tensor("zp", _ONNX_FP8[name], [], [0.0])
+    zp_row = helper.make_tensor("zp_row", _ONNX_FP8[name], [rows], [0.0] * rows)
+    nodes, inits = [], [zp, zp_row]
+    axis = {}
+    if scales == "tensor":
+        inits.append(numpy_helper.from_array(np.array(0.37, np.float32), "s"))
+        zp_name = "zp"
+    elif scales == "row":
+        inits.append(numpy_helper.from_array(np.linspace(0.05, 3.0, rows).astype(np.float32), "s"))
+        zp_name, axis = "zp_row", {"axis": 0}
+    else:
+        largest = float(ml_dtypes.finfo(mdt).max)
+        inits.append(numpy_helper.from_array(np.array(largest, np.float32), "largest"))
+        nodes += [helper.make_node("Abs", ["x"], ["ax"]),
+                  helper.make_node("ReduceMax", ["ax"], ["amax"], keepdims=0),
+                  helper.make_node("Div", ["amax", "largest"], ["s"])]
+        zp_name = "zp"
+    nodes += [helper.make_node("QuantizeLinear", ["x", "s", zp_name], ["q"], saturate=int(saturate), **axis),
+              helper.make_node("DequantizeLinear", ["q", "s", zp_name], ["y"], **axis)]
+    graph = helper.make_graph(nodes, "fp8_qdq", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [rows, cols])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [rows, cols])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _fp8_inputs(rng, rows=6, cols=40):
+    x = (rng.standard_normal((rows, cols)) * 40).astype(np.float32)
+    x[0, :4] = [1e6, -1e6, 3e4, -3e4]  # far outside both formats' range at these scales: saturate or not
+    x[1, :3] = [1e-6, -1e-6, 0.0]  # below the smallest subnormal
+    return x
+
+
+def _same_floats(got, want):
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("scales", ["tensor", "row", "dynamic"])
+@pytest.mark.parametrize("saturate", [True, False])
+def test_fp8_qdq_model_matches_onnx_reference(name, scales, saturate, rng):
+    from onnx.reference import ReferenceEvaluator
+
+    import tvm_lowprec
+
+    if scales == "dynamic" and not saturate:
+        pytest.skip("a dynamic scale maps max|x| to the largest finite value: nothing to saturate")
+    model = _fp8_qdq_model(name, scales, saturate)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    reference = ReferenceEvaluator(model)
+    for _ in range(2):
+        x = _fp8_inputs(rng)
+        _same_floats(compiled(x)[0], reference.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("scales", ["row", "dynamic"])
+def test_fp8_qdq_model_compiles_for_the_gpu_rows(name, scales):
+    """The conversions are plain arithmetic on the bits: every GPU row compiles them (dlight's GPU
+    rules schedule them), and nvcc builds the cubin."""
+    import tvm_lowprec
+    from tvm_lowprec.cuda import nvcc
+    from tvm_lowprec.cuda.run import tvm_cuda_available
+
+    model = _fp8_qdq_model(name, scales, True)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="cuda-sm80")
+    assert not [k for k in compiled.kernels() if k.schedule == "none"]
+    if nvcc.find_tool("nvcc"):
+        assert compiled.cuda.cubin[:4] == b"\x7fELF" and compiled.cuda.mma == {}
+    if tvm_cuda_available():
+        from onnx.reference import ReferenceEvaluator
+
+        x = _fp8_inputs(np.random.default_rng(5))
+        _same_floats(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])

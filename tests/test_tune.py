@@ -45,7 +45,7 @@ def _reference(model, x):
     return ReferenceEvaluator(model).run(None, {model.graph.input[0].name: x})[0]
 
 
-@pytest.mark.parametrize("name", sorted(registered_targets()))
+@pytest.mark.parametrize("name", sorted(registered_targets("cpu")))
 def test_every_sampled_candidate_keeps_the_intrinsic_and_builds(name):
     """Random draws of both design spaces (K whole, K blocked) per target row: each tensorizes with
     the row's intrinsic and builds (exactness of a tuned kernel: the end-to-end test below)."""
@@ -67,7 +67,7 @@ def _attention_scores():
     return _qlinear_matmul_runtime_b((12, 32, 64), (12, 64, 32), "uint8", 131)
 
 
-@pytest.mark.parametrize("name", sorted(registered_targets()))
+@pytest.mark.parametrize("name", sorted(registered_targets("cpu")))
 @pytest.mark.parametrize("shape", [(48, 128, 64), (256, 512, 512), (3136, 576, 64), "batched"])
 def test_default_schedule_is_a_point_of_the_space(name, shape):
     """The default rule's schedule is the space's trace with the rule's tile as decisions (the tuner
@@ -316,7 +316,7 @@ def test_rpc_errors_name_the_problem(rpc_tracker, tmp_path):
 
 
 def test_a_target_this_host_cannot_run_needs_a_remote_machine(tmp_path):
-    foreign = [s for s in registered_targets().values() if not runnable(s)]
+    foreign = [s for s in registered_targets("cpu").values() if not runnable(s)]
     if not foreign:
         pytest.skip("this host runs every registered row")
     with pytest.raises(TuningError, match=f"{foreign[0].name} does not run on this host.*rpc_tracker"):

@@ -161,8 +161,18 @@ def compile(  # noqa: A001
     tuned = _tuned_schedules(database, spec, num_threads)
     with tvm_target, _dynamic_shapes_named(mod):
         lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math, tuned))
-    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
+    if spec.device == "cuda":
+        from .cuda.model import build_model, device_compiler
+
+        with device_compiler(spec):
+            executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
+    else:
+        executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
     mode = execution_mode(spec)
+    if spec.device == "cuda":
+
+        return Compiled(executable, lowered, spec, inputs, runnable=executable if mode == "cuda" else None,
+                        cuda=build_model(executable, spec))
     if emulate is True or (emulate == "auto" and mode == "emulated"):
         runnable, report = emulated_executable(lowered, executable, tvm_target)
         return Compiled(executable, lowered, spec, inputs, num_threads=num_threads, runnable=runnable, emulation=report)

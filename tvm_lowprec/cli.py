@@ -165,6 +165,16 @@ def _run_without_timing(compiled, path, inputs, args) -> int:
     Runtime, no times (emulated code says nothing about the target's speed)."""
     print(_kernel_table([r.as_row() for r in compiled.kernels()]))
     _flag_unscheduled(compiled)
+    if compiled.execution == "none" and compiled.spec.device == "cuda":
+        build = compiled.cuda
+        if build is None:
+            print(f"\n{compiled.spec.name}: no CUDA device here and no nvcc: CUDA source only (inspect_source('cuda') "
+                  "needs nvcc for PTX)")
+        else:
+            mma = ", ".join(f"{name} x{count}" for name, count in build.mma.items())
+            print(f"\n{compiled.spec.name}: no CUDA device here; nvcc built {len(build.kernel_names)} kernels for "
+                  f"{build.arch}: {len(build.cubin) // 1024} KiB of cubin; PTX mma: {mma or 'none'}")
+        return 0
     if compiled.execution == "none":
         print(f"\n{compiled.spec.name} cannot run in this process, natively or emulated: compiled only "
               "(Compiled.export_library writes the library a board of that kind loads)")
@@ -244,13 +254,13 @@ def cmd_targets(_args) -> int:
     from tvm_lowprec.targets import native_target, registered_targets
 
     rows = [
-        {"name": s.name, "instruction": s.gemm.name, "here": execution_mode(s), "about": s.description}
+        {"name": s.name, "instruction": s.instruction, "here": execution_mode(s), "about": s.description}
         for s in registered_targets().values()
     ]
     print(_table(rows))
     print("\nhere: native = runs on this CPU; emulated = runs with the instructions replaced by their semantics in "
           "generic code (exact results, not timed); qemu = AArch64 kernels run under qemu-aarch64 (exact, not "
-          "timed); compile-only = code generation only")
+          "timed); compile-only = code generation only; cuda = a GPU row with a CUDA device here (else compile-only: nvcc makes its PTX and cubin)")
     print(f"native = {native_target().name}")
     return 0
 

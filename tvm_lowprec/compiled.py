@@ -88,17 +88,19 @@ class Compiled:
     """
 
     def __init__(self, executable, lowered_mod, spec, inputs: Sequence[InputSpec], num_threads: int | None = None,
-                 runnable=_SAME, emulation=None):
+                 runnable=_SAME, emulation=None, cuda=None):
         """``runnable``: the executable that runs (default ``executable``; the emulated one; or None
-        where this host can run neither); ``emulation``: its :class:`~tvm_lowprec.emulation.EmulationReport`."""
+        where this host can run neither); ``emulation``: its :class:`~tvm_lowprec.emulation.EmulationReport`;
+        ``cuda``: a GPU row's device code compiled by nvcc (:class:`~tvm_lowprec.cuda.model.CudaBuild`)."""
         self.executable = executable  # the real build: inspect_source shows its code
         self.spec = spec
         self.inputs = tuple(inputs)
         self.num_threads = num_threads
         self.emulation = emulation
         self._lowered = lowered_mod
-        self._device = tvm.cpu()
+        self.cuda = cuda
         self._runnable = executable if runnable is _SAME else runnable
+        self._device = tvm.cuda(0) if spec.device == "cuda" and self._runnable is not None else tvm.cpu()
         self._vm = relax.VirtualMachine(self._runnable, self._device) if self._runnable is not None else None
 
     @property
@@ -107,9 +109,17 @@ class Compiled:
         code: exact results, meaningless times) or ``"none"`` (this host can run neither)."""
         if self._runnable is None:
             return "none"
+        if self.spec.device == "cuda":
+            return "cuda"
         return "emulated" if self.emulation is not None else "native"
 
     def _require(self, timed: bool = False):
+        if self._runnable is None and self.spec.device == "cuda":
+            from .cuda.run import cuda_device_available
+
+            raise LowPrecError(f"{self.spec.name} needs a CUDA device that TVM's runtime can use, and this host has none "
+                               f"({cuda_device_available()[1]}); the build is compile-only here (its PTX and cubin: "
+                               "Compiled.cuda)")
         if self._runnable is None:
             from .targets import host_features
 
@@ -220,7 +230,12 @@ class Compiled:
         return sorted(rows, key=lambda r: r.name)
 
     def inspect_source(self, fmt: str = "asm") -> str:
-        """Generated code: ``"asm"`` or ``"ll"``."""
+        """Generated code: ``"asm"`` or ``"ll"`` (the CPU side), or for a GPU row ``"cuda"`` (CUDA C),
+        ``"ptx"`` (nvcc's PTX for the row's architecture)."""
+        if fmt in ("cuda", "ptx"):
+            if self.cuda is None:
+                raise LowPrecError("no CUDA build: nvcc is not installed (or this is not a GPU row)")
+            return self.cuda.source if fmt == "cuda" else self.cuda.ptx
         parts, stack = [], [self.executable.mod]
         while stack:  # the VM module imports the compiled kernels' module
             module = stack.pop()

@@ -85,19 +85,24 @@ def known_semantics() -> dict:
     from .targets import registered_targets
 
     table = {}
-    for spec in registered_targets().values():
+    for spec in registered_targets("cpu").values():
         for recipe in spec.recipes():
             table.update(recipe.intrin.emulation)
     return table
 
 
 def execution_mode(spec) -> str:
-    """``"native"`` (this host has the row's instruction set), ``"emulated"`` (it can run the row
+    """``"native"`` (this host has the row's instruction set), ``"cuda"`` (a GPU row, and this host
+    has a CUDA device that TVM's runtime can use), ``"emulated"`` (it can run the row
     through :func:`emulated_ir`), ``"qemu"`` (an AArch64 row whose kernels run under qemu-aarch64:
     :mod:`tvm_lowprec.qemu`) or ``"compile-only"``."""
     from . import qemu
     from .targets import host_supports
 
+    if spec.device == "cuda":
+        from .cuda.run import tvm_cuda_available
+
+        return "cuda" if tvm_cuda_available() else "compile-only"
     if host_supports(spec):
         return "native"
     if qemu.is_aarch64(spec):

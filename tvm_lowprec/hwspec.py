@@ -155,10 +155,18 @@ class TargetSpec:
     # with the row's features and without the next row's, so a stray instruction dies with SIGILL
     qemu_cpu: str = ""
 
+    device = "cpu"  # class constant (not a field): what selects the schedule rules and the lowering
+    float32_requant = True  # the float32 requantization of :func:`~tvm_lowprec.kernels.qgemm.requant_f32`
+
     @property
     def row(self) -> str:
         """The registered row's name (shipped tuning records are kept per row)."""
         return self.base or self.name
+
+    @property
+    def instruction(self) -> str:
+        """What its integer GEMM runs on (the exact intrinsic's name)."""
+        return self.gemm.name
 
     def __post_init__(self):
         default = GemmRecipe(self.gemm, self.tiles)  # validates the tile table
@@ -198,3 +206,73 @@ class TargetSpec:
         if num_cores:
             cfg["num-cores"] = num_cores
         return tvm.target.Target(cfg)
+
+
+@dataclass(frozen=True)
+class CudaTargetSpec:
+    """An NVIDIA GPU row: the SM architecture, the ``mma.sync`` forms its integer (and FP8) kernels
+    use, and the block/warp tile table (:class:`tvm_lowprec.cuda.mma.GemmTiles`, chosen by M).
+
+    ``mma`` maps an activation dtype to the name of its form in :data:`tvm_lowprec.cuda.mma.MMA_FORMS`
+    (u8 activations use the native ``u8.s8`` form: no sign shift). Each form is checked against
+    ``arch`` here, so a row cannot name an instruction its architecture lacks.
+    """
+
+    name: str
+    arch: str  # "sm_80"
+    mma: Mapping[str, str]  # activation dtype -> integer mma form name
+    tiles: tuple  # of cuda.mma.GemmTiles, sorted by min_m, the first with min_m == 1
+    fp8_mma: tuple[str, ...] = ()  # the FP8 forms the architecture has (e4m3, e5m2): cuda.fp8's GEMM
+    int4_mma: tuple[str, ...] = ()  # the 4-bit forms (s4, u4 x s4): cuda.int4's GEMM
+    description: str = ""
+    aliases: tuple[str, ...] = field(default=())
+    base: str = ""
+
+    device = "cuda"  # class constant: schedule rules and pipeline phases are chosen by device
+    features: tuple[str, ...] = ()  # no host CPU features: the host only launches
+    bounded: tuple = ()
+    qemu_cpu = ""
+    float32_requant = False  # the FMA trick is LLVM-only; GPUs requantize through float64
+
+    def __post_init__(self):
+        from .cuda.mma import require_mma
+
+        for form in (*self.mma.values(), *self.fp8_mma, *self.int4_mma):
+            require_mma(form, self.arch)
+        if not self.tiles or self.tiles[0].min_m != 1:
+            raise ValueError(f"{self.name}: the tile table must start with a row for min_m=1")
+        mins = [t.min_m for t in self.tiles]
+        if mins != sorted(mins):
+            raise ValueError(f"{self.name}: tile rows must be sorted by min_m")
+
+    @property
+    def row(self) -> str:
+        return self.base or self.name
+
+    @property
+    def instruction(self) -> str:
+        return "mma.sync " + ", ".join(self.mma_forms())
+
+    def mma_forms(self) -> tuple[str, ...]:
+        """Every form this row's kernels may emit (integer ones first)."""
+        return tuple(dict.fromkeys((*self.mma.values(), *self.int4_mma, *self.fp8_mma)))
+
+    def tile_for(self, m: int, n: int | None = None):
+        """The last row whose ``min_m`` is at most ``m`` and whose block is no wider than N needs
+        (a 128-wide block on N = 32 would compute four times the outputs)."""
+        chosen = self.tiles[0]
+        for row in self.tiles:
+            if row.min_m <= m and (n is None or row.block_n <= max(n, self.tiles[0].block_n)):
+                chosen = row
+        return chosen
+
+    def recipes(self) -> tuple:
+        return ()
+
+    def fast_weight_bits(self) -> None:
+        """Every int8 weight is exact on mma: no narrower default for quantization (None)."""
+
+    def tvm_target(self, num_cores: int | None = None):  # num_cores: the CPU rows' signature, unused
+        import tvm
+
+        return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host={"kind": "llvm"})

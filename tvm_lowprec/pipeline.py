@@ -16,6 +16,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
+from tvm.relax.backend.cuda import pipeline as cuda
 
 from .quant.finite_quantize import finite_quantize_module
 from .quant.fold_qdq import fold_qdq_module
@@ -83,6 +84,10 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True)
     )(mod)
 
 
+_LOWERING = {"cpu": cpu, "cuda": cuda}
+
+
 def lowering_passes(target):
-    """Phase 4 (TVM's own CPU lowering)."""
-    return tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
+    """Phase 4 (TVM's own lowering for the target's device: CPU, or CUDA with its CUDA-graph rewrite)."""
+    backend = _LOWERING["cuda" if target.kind.name == "cuda" else "cpu"]
+    return tvm.transform.Sequential(backend.dataflow_lower_passes(target) + backend.finalize_passes(target))

@@ -4,7 +4,15 @@ launcher that runs its cubin through CuPy (no TVM CUDA runtime needed).
 Importing this package does not import TVM; :mod:`.gemm` does.
 """
 
-from .mma import MMA_FORMS, MmaForm, UnsupportedMmaError, find_mma, forms_for, require_mma, sm_number
+from .mma import (
+    MMA_FORMS,
+    MmaForm,
+    UnsupportedMmaError,
+    find_mma,
+    forms_for,
+    require_mma,
+    sm_number,
+)
 
 __all__ = [
     "MMA_FORMS",

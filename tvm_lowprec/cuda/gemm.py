@@ -23,17 +23,25 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import te
 from tvm.s_tir import TensorIntrin
-from tvm.s_tir.tensor_intrin import cuda as tvm_cuda_intrin
 from tvm.script import tirx as T
 
+from .._tvmscript import cheap_frame_inspection
+
+with cheap_frame_inspection():  # TVM's intrinsic modules parse hundreds of prim_funcs at import
+    from tvm.s_tir.tensor_intrin import cuda as tvm_cuda_intrin
+
 from . import nvcc
-from .mma import MmaForm, find_mma, require_mma
-
-WARP = 32
-MMA_M = MMA_N = 16  # one TVM mma tile = two m16n8 instructions
-MMA_K = 32  # 8-bit operands: 32 of K per instruction
-VECTOR_BYTES = 16  # per-thread global->shared load width
-
+from .mma import (
+    MMA_K,
+    MMA_M,
+    MMA_N,
+    VECTOR_BYTES,
+    WARP,
+    GemmTiles,
+    MmaForm,
+    find_mma,
+    require_mma,
+)
 
 # --- fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k32"), as (thread, register slot)
 
@@ -159,16 +167,27 @@ class IntrinGroup:
     compute: str
     init: str = tvm_cuda_intrin.MMA_fill_16x16_i32_INTRIN
     store: str = tvm_cuda_intrin.MMA_store_16x16_i32_global_INTRIN
+    acc_dtype: str = "int32"
+    # the accumulator tile into shared memory, where a fused epilogue reads it (tensorize_gemm)
+    store_shared: str = "tvm_lowprec_mma_store_16x16_i32_shared_dyn"
 
     @property
     def mma(self) -> MmaForm:
-        return find_mma(self.a_dtype, self.b_dtype, "int32")
+        return find_mma(self.a_dtype, self.b_dtype, self.acc_dtype)
+
+    @property
+    def mma_k(self) -> int:
+        """K of one 16x16 tile step (the instruction's k)."""
+        return self.mma.k
 
 
 LDMATRIX_U8_A_INTRIN = "tvm_lowprec_ldmatrix_u8_a"
 MMA_U8S8S32_TRANS_B_INTRIN = "tvm_lowprec_mma_u8s8s32_trans_b"
-TensorIntrin.register(LDMATRIX_U8_A_INTRIN, *_ldmatrix_a_intrin("uint8"), override=True)
-TensorIntrin.register(MMA_U8S8S32_TRANS_B_INTRIN, *_mma_nt_intrin("uint8", "int8"), override=True)
+with cheap_frame_inspection():
+    TensorIntrin.register("tvm_lowprec_mma_store_16x16_i32_shared_dyn",
+                          *tvm_cuda_intrin.get_mma_store_intrin("int32", 8, "shared.dyn", True), override=True)
+    TensorIntrin.register(LDMATRIX_U8_A_INTRIN, *_ldmatrix_a_intrin("uint8"), override=True)
+    TensorIntrin.register(MMA_U8S8S32_TRANS_B_INTRIN, *_mma_nt_intrin("uint8", "int8"), override=True)
 
 INTRIN_GROUPS = {
     # s8 x s8: TVM's own intrinsics (B "transposed" = stored [N, K])
@@ -182,36 +201,6 @@ INTRIN_GROUPS = {
         MMA_U8S8S32_TRANS_B_INTRIN,
     ),
 }
-
-
-@dataclass(frozen=True)
-class GemmTiles:
-    """Block tile (``block_m x block_n``, K step ``block_k``) of warp tiles (``warp_m x warp_n``)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    warp_m: int
-    warp_n: int
-
-    def __post_init__(self):
-        if self.warp_m % MMA_M or self.warp_n % MMA_N or self.block_k % MMA_K:
-            raise ValueError(f"{self}: warp tile must be a multiple of 16x16 and block_k of 32")
-        if self.block_m % self.warp_m or self.block_n % self.warp_n:
-            raise ValueError(f"{self}: block tile must be a multiple of the warp tile")
-        # each warp's lanes load 16 bytes per step: the A and B tiles must split evenly among them
-        step = self.warps * WARP * VECTOR_BYTES
-        if (self.block_m * self.block_k) % step or (self.block_n * self.block_k) % step:
-            raise ValueError(f"{self}: A/B shared tiles are not a multiple of {step} bytes")
-
-    @property
-    def warps(self) -> int:
-        return (self.block_m // self.warp_m) * (self.block_n // self.warp_n)
-
-    def check_shape(self, m: int, n: int, k: int) -> None:
-        for name, dim, tile in (("M", m, self.block_m), ("N", n, self.block_n), ("K", k, self.block_k)):
-            if dim <= 0 or dim % tile:
-                raise ValueError(f"{name}={dim} is not a positive multiple of {tile} (tiles {self}); pad it")
 
 
 TILE_TABLE: tuple[GemmTiles, ...] = (
@@ -232,18 +221,20 @@ def pick_tiles(m: int, n: int, k: int) -> GemmTiles:
     raise ValueError(f"M={m}, N={n}, K={k}: need M, N multiples of 16 and K a multiple of 32; pad them")
 
 
-def gemm_workload(m: int, n: int, k: int, a_dtype: str = "int8", b_dtype: str = "int8") -> tvm.tirx.PrimFunc:
-    """``C[i, j] = sum_k int32(A[i, k]) * int32(B[j, k])`` as a PrimFunc named ``gemm``."""
+def gemm_workload(m: int, n: int, k: int, a_dtype: str = "int8", b_dtype: str = "int8",
+                  acc_dtype: str = "int32") -> tvm.tirx.PrimFunc:
+    """``C[i, j] = sum_k acc(A[i, k]) * acc(B[j, k])`` as a PrimFunc named ``gemm``."""
     a = te.placeholder((m, k), a_dtype, name="A")
     b = te.placeholder((n, k), b_dtype, name="B")
     r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("int32") * b[j, r].astype("int32"), axis=r), name="C")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype(acc_dtype) * b[j, r].astype(acc_dtype), axis=r),
+                   name="C")
     return te.create_prim_func([a, b, c]).with_attr("global_symbol", "gemm")
 
 
 def _fetch_to_shared(sch, block, operand: int, k_outer, tiles: GemmTiles):
     """Step 2: operand tile -> shared, 16-byte vector loads spread over all warps' lanes."""
-    cached = sch.cache_read(block, operand, "shared")
+    cached = sch.cache_read(block, operand, "shared", consumer_blocks=[block])  # not the row sums' copy
     sch.compute_at(cached, k_outer)
     fused = sch.fuse(*sch.get_loops(cached)[-2:])
     _, ty, tx, vec = sch.split(fused, factors=[None, tiles.warps, WARP, VECTOR_BYTES])
@@ -263,25 +254,49 @@ def _tile_fragment(sch, block, rows: int, cols: int):
     return i1
 
 
-def schedule_gemm(shape: tuple[int, int, int], tiles: GemmTiles, group: IntrinGroup) -> tvm.s_tir.Schedule:
-    """Tensorize :func:`gemm_workload` of ``shape = (M, N, K)`` with ``group``'s intrinsics on ``tiles``."""
-    m, n, k = shape
-    func = gemm_workload(m, n, k, group.a_dtype, group.b_dtype)
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"gemm": func}))
-    block = sch.get_sblock("C", func_name="gemm")
+def _spread_over_threads(sch, block, tiles: GemmTiles) -> None:
+    """The block's spatial loops under the thread block's loop, one point per thread of the block
+    (``warps x 32``, round robin); its reduction loops (innermost, as te makes them) stay in the thread."""
+    loops = [loop for loop in sch.get_loops(block) if sch.get(loop).thread_binding is None]
+    reduces = sum(iv.iter_type != 0 for iv in sch.get(block).iter_vars)
+    spatial = loops[: len(loops) - reduces]
+    if not spatial:
+        spatial = [sch.add_unit_loop(block)]
+    _, ty, tx = sch.split(sch.fuse(*spatial), factors=[None, tiles.warps, WARP])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
 
-    # Step 1. 16x16x32 mma tiles, then block / warp / fragment tiles
-    i, j, r = sch.get_loops(block)
+
+def tensorize_gemm(sch: tvm.s_tir.Schedule, block, tiles: GemmTiles, group: IntrinGroup, epilogue=None) -> None:
+    """Schedule one GEMM block ``C[(b,) i, j] += A[(b,) i, k] * B[(b,) j, k]`` of ``sch`` in place.
+
+    The block's loops are ``(i, j, k)`` or, for a batch of GEMMs, ``(b, i, j, k)`` (the batch goes to
+    ``blockIdx.y``). Its extents must be multiples of ``tiles`` (:meth:`GemmTiles.check_shape`).
+    ``epilogue``: the elementwise block that consumes ``C`` (bias, zero points, requantization), whose
+    only producer in the function is this GEMM. It is fused: each thread block stores its
+    accumulator tile to shared memory, and after a barrier all its threads run the epilogue on that
+    tile and write the final outputs; ``C`` never reaches global memory.
+    """
+    loops = sch.get_loops(block)
+    batch = loops[0] if len(loops) == 4 else None
+    i, j, r = loops[-3:]
+    m, n, k = (int(sch.get(loop).extent) for loop in (i, j, r))
+    tiles.check_shape(m, n, k)
+
+    # Step 1. 16x16xK mma tiles, then block / warp / fragment tiles
     i, i_tc = sch.split(i, factors=[None, MMA_M])
     j, j_tc = sch.split(j, factors=[None, MMA_N])
-    r, r_tc = sch.split(r, factors=[None, MMA_K])
+    r, r_tc = sch.split(r, factors=[None, group.mma_k])
     sch.reorder(i, j, r, i_tc, j_tc, r_tc)
     block_outer = sch.blockize(i_tc)
     i0, i1, i2 = sch.split(i, factors=[m // tiles.block_m, tiles.block_m // tiles.warp_m, tiles.warp_m // MMA_M])
     j0, j1, j2 = sch.split(j, factors=[n // tiles.block_n, tiles.block_n // tiles.warp_n, tiles.warp_n // MMA_N])
-    k0, k1 = sch.split(r, factors=[k // tiles.block_k, tiles.block_k // MMA_K])
+    k0, k1 = sch.split(r, factors=[k // tiles.block_k, tiles.block_k // group.mma_k])
     sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
-    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    block_loop = sch.fuse(i0, j0)
+    sch.bind(block_loop, "blockIdx.x")
+    if batch is not None:
+        sch.bind(batch, "blockIdx.y")
     warp_loop = sch.fuse(i1, j1)
     sch.bind(warp_loop, "threadIdx.y")
 
@@ -297,20 +312,34 @@ def schedule_gemm(shape: tuple[int, int, int], tiles: GemmTiles, group: IntrinGr
     c_warp = sch.cache_write(block_outer, 0, "warp")
     sch.reverse_compute_at(c_warp, warp_loop)
     store_loop = _tile_fragment(sch, c_warp, MMA_M, MMA_N)
-    sch.decompose_reduction(block_outer, k0)
-    load_a = _tile_fragment(sch, a_warp, MMA_M, MMA_K)
-    load_b = _tile_fragment(sch, b_warp, MMA_N, MMA_K)
-    operand_map = lambda i, j: (i // MMA_M, j // MMA_K, *layout_16x32(i % MMA_M, j % MMA_K))  # noqa: E731
+    if epilogue is not None:
+        sch.set_scope(c_warp, 0, "shared.dyn")  # the block's accumulator tile, compacted to block_m x block_n
+        sch.reverse_compute_at(epilogue, block_loop)
+        _spread_over_threads(sch, epilogue, tiles)
+    init = sch.decompose_reduction(block_outer, k0)
+    load_a = _tile_fragment(sch, a_warp, MMA_M, group.mma_k)
+    load_b = _tile_fragment(sch, b_warp, MMA_N, group.mma_k)
+    kk = group.mma_k
+    operand_map = lambda *ij: (*ij[:-2], ij[-2] // MMA_M, ij[-1] // kk, *layout_16x32(ij[-2] % MMA_M, ij[-1] % kk))
+    acc_map = lambda *ij: (*ij[:-2], ij[-2] // MMA_M, ij[-1] // MMA_N, *layout_16x16_acc(ij[-2] % MMA_M, ij[-1] % MMA_N))
     sch.transform_layout(a_warp, ("write", 0), operand_map)
     sch.transform_layout(b_warp, ("write", 0), operand_map)
-    sch.transform_layout(c_warp, ("read", 0), lambda i, j: (i // MMA_M, j // MMA_N, *layout_16x16_acc(i % MMA_M, j % MMA_N)))
+    sch.transform_layout(c_warp, ("read", 0), acc_map)
 
     # Step 4. tensorize by role
     sch.tensorize(load_a, group.load_a)
     sch.tensorize(load_b, group.load_b)
     sch.tensorize(sch.get_loops(block)[-3], group.compute)
-    sch.tensorize(sch.get_loops(sch.get_sblock("C_init", func_name="gemm"))[-2], group.init)
-    sch.tensorize(store_loop, group.store)
+    sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], group.init)  # the 16x16 fill inside
+    sch.tensorize(store_loop, group.store if epilogue is None else group.store_shared)
+
+
+def schedule_gemm(shape: tuple[int, int, int], tiles: GemmTiles, group: IntrinGroup) -> tvm.s_tir.Schedule:
+    """Tensorize :func:`gemm_workload` of ``shape = (M, N, K)`` with ``group``'s intrinsics on ``tiles``."""
+    m, n, k = shape
+    func = gemm_workload(m, n, k, group.a_dtype, group.b_dtype, group.acc_dtype)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"gemm": func}))
+    tensorize_gemm(sch, sch.get_sblock("C", func_name="gemm"), tiles, group)
     return sch
 
 
@@ -335,6 +364,14 @@ def thread_extents(func: tvm.tirx.PrimFunc) -> dict[str, int]:
 
     visit(func.body)
     return found
+
+
+def intrin_group(form_name: str) -> IntrinGroup:
+    """The intrinsics that emit the mma form ``form_name`` (a row of :data:`~.mma.MMA_FORMS`)."""
+    for group in INTRIN_GROUPS.values():
+        if group.mma.name == form_name:
+            return group
+    raise ValueError(f"no scheduled GEMM emits mma form {form_name!r}; have {[g.mma.name for g in INTRIN_GROUPS.values()]}")
 
 
 @dataclass(frozen=True)
@@ -413,10 +450,11 @@ def cuda_source(mod: tvm.IRModule, arch: str) -> str:
 
 def build_gemm(
     m: int, n: int, k: int, a_dtype: str = "int8", arch: str = "sm_90", tiles: GemmTiles | None = None,
-    compile: bool | str = True,
+    compile: bool | str = True, group: IntrinGroup | None = None,
 ) -> CudaGemm:
     """Schedule, generate and nvcc-compile the GEMM: ``compile`` is True (PTX and cubin), ``"ptx"``,
-    ``"cubin"`` or False (CUDA source only).
+    ``"cubin"`` or False (CUDA source only). ``group``: other intrinsics than the INT8 ones for
+    ``a_dtype`` (:mod:`.fp8` passes its own).
 
     Examples
     --------
@@ -424,9 +462,9 @@ def build_gemm(
     >>> g.mma.ptx in g.ptx  # doctest: +SKIP
     True
     """
-    if a_dtype not in INTRIN_GROUPS:
+    if group is None and a_dtype not in INTRIN_GROUPS:
         raise ValueError(f"A dtype {a_dtype!r} is not supported; choose one of {sorted(INTRIN_GROUPS)}")
-    group = INTRIN_GROUPS[a_dtype]
+    group = group or INTRIN_GROUPS[a_dtype]
     form = require_mma(group.mma, arch)
     tiles = tiles or pick_tiles(m, n, k)
     tiles.check_shape(m, n, k)
@@ -444,7 +482,7 @@ def build_gemm(
         m, n, k, group.a_dtype, group.b_dtype, arch, tiles, form, source, name, _kernel_params(params),
         grid=(ext.get("blockIdx.x", 1), ext.get("blockIdx.y", 1), ext.get("blockIdx.z", 1)),
         block=(ext.get("threadIdx.x", 1), ext.get("threadIdx.y", 1), ext.get("threadIdx.z", 1)),
-        dynamic_shared_bytes=dyn,
+        dynamic_shared_bytes=dyn, extra={"acc_dtype": group.acc_dtype},
     )
     if compile in (True, "ptx"):
         gemm.ptx = nvcc.compile_ptx(source, arch)

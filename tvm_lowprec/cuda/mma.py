@@ -8,7 +8,7 @@ spells it, and the oldest SM architecture that has it. Code that emits an mma as
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import LowPrecError
 
@@ -74,6 +74,7 @@ MMA_FORMS: tuple[MmaForm, ...] = (
     MmaForm("u8s8s32_m16n8k32", 16, 8, 32, "uint8", "int8", "int32", 80),
     # 4-bit operands: twice the K per instruction (dropped again on sm_100's tcgen05, still in PTX)
     MmaForm("s4s4s32_m16n8k64", 16, 8, 64, "int4", "int4", "int32", 80),
+    MmaForm("u4s4s32_m16n8k64", 16, 8, 64, "uint4", "int4", "int32", 80),
     # FP8 mma.sync came with Ada (sm_89); Hopper keeps it next to wgmma
     MmaForm("e4m3e4m3f32_m16n8k32", 16, 8, 32, "float8_e4m3fn", "float8_e4m3fn", "float32", 89),
     MmaForm("e5m2e5m2f32_m16n8k32", 16, 8, 32, "float8_e5m2", "float8_e5m2", "float32", 89),
@@ -123,3 +124,45 @@ def forms_for(arch) -> tuple[MmaForm, ...]:
     """All forms that ``arch`` has."""
     sm = sm_number(arch)
     return tuple(f for f in MMA_FORMS if sm >= f.min_sm)
+
+
+WARP = 32
+MMA_M = MMA_N = 16  # one scheduled mma tile = two m16n8 instructions
+MMA_K = 32  # 8-bit operands: 32 of K per instruction
+VECTOR_BYTES = 16  # per-thread global->shared load width
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """Block tile (``block_m x block_n``, K step ``block_k``) of warp tiles (``warp_m x warp_n``).
+
+    In a target row's table, ``min_m`` says from which M the row applies (later rows refine, as for
+    the CPU tiles) and ``why`` gives its reason; neither takes part in comparisons.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warp_m: int
+    warp_n: int
+    min_m: int = field(default=1, compare=False)
+    why: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.warp_m % MMA_M or self.warp_n % MMA_N or self.block_k % MMA_K:
+            raise ValueError(f"{self}: warp tile must be a multiple of 16x16 and block_k of 32")
+        if self.block_m % self.warp_m or self.block_n % self.warp_n:
+            raise ValueError(f"{self}: block tile must be a multiple of the warp tile")
+        # each warp's lanes load 16 bytes per step: the A and B tiles must split evenly among them
+        step = self.warps * WARP * VECTOR_BYTES
+        if (self.block_m * self.block_k) % step or (self.block_n * self.block_k) % step:
+            raise ValueError(f"{self}: A/B shared tiles are not a multiple of {step} bytes")
+
+    @property
+    def warps(self) -> int:
+        return (self.block_m // self.warp_m) * (self.block_n // self.warp_n)
+
+    def check_shape(self, m: int, n: int, k: int) -> None:
+        for name, dim, tile in (("M", m, self.block_m), ("N", n, self.block_n), ("K", k, self.block_k)):
+            if dim <= 0 or dim % tile:
+                raise ValueError(f"{name}={dim} is not a positive multiple of {tile} (tiles {self}); pad it")

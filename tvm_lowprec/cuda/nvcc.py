@@ -29,11 +29,31 @@ class CompiledCuda:
     cubin: bytes
 
 
+def _wheel_bins() -> list[str]:
+    """``bin`` folders of NVIDIA's pip wheels (``nvidia-cuda-cuobjdump``, ``nvidia-cuda-nvdisasm``:
+    ``site-packages/nvidia/cu13/bin``)."""
+    try:
+        import nvidia  # a namespace package: one path per wheel family
+    except ImportError:
+        return []
+    found = []
+    for root in getattr(nvidia, "__path__", []):
+        for sub in sorted(os.listdir(root), reverse=True):
+            path = os.path.join(root, sub, "bin")
+            if os.path.isdir(path):
+                found.append(path)
+    return found
+
+
 def find_tool(name: str) -> str | None:
-    """Path of a CUDA toolkit binary: on PATH, else under ``$CUDA_HOME/bin`` or /usr/local/cuda*/bin."""
+    """Path of a CUDA toolkit binary: on PATH, else under ``$CUDA_HOME/bin`` or /usr/local/cuda*/bin,
+    else in NVIDIA's pip wheels (the test extra installs cuobjdump and nvdisasm that way)."""
     found = shutil.which(name)
     if found:
         return found
+    for path in _wheel_bins():
+        if os.access(os.path.join(path, name), os.X_OK):
+            return os.path.join(path, name)
     roots = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
     roots += sorted((f"/usr/local/{d}" for d in os.listdir("/usr/local") if d.startswith("cuda-")), reverse=True)
     for root in roots:
@@ -44,8 +64,10 @@ def find_tool(name: str) -> str | None:
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    # the tool's own folder first: cuobjdump runs nvdisasm, which a wheel puts beside it (or in a sibling)
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(cmd[0]), *_wheel_bins(), os.environ.get("PATH", "")]))
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     except OSError as err:
         raise NvccError(f"cannot run {cmd[0]}: {err}") from err
     if proc.returncode != 0:

@@ -15,7 +15,32 @@ import numpy as np
 
 from ..errors import InputError
 
-_NP_DTYPE = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32}
+_NP_DTYPE = {
+    "int8": np.int8, "uint8": np.uint8, "int32": np.int32, "float32": np.float32,
+    # neither numpy nor CuPy has 4-bit or float8 arrays: such operands travel as their bytes
+    "int4": np.uint8, "uint4": np.uint8, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8,
+}
+_PER_BYTE = {"int4": 2, "uint4": 2}  # 4-bit operands: two per byte along K, low nibble = even k
+
+
+def operand_layout(gemm) -> dict[str, tuple[tuple[int, int], type, str]]:
+    """``{role: (shape, numpy dtype, what it holds)}`` of the arrays ``gemm``'s kernel takes: A
+    ``[M, K]``, B ``[N, K]`` (``K/2`` bytes for 4-bit operands, packed; float8 as uint8 bits) and C
+    ``[M, N]`` of the mma's accumulator dtype (int32, or float32 for FP8)."""
+    out = {}
+    for role, rows, dtype in (("A", gemm.m, gemm.a_dtype), ("B", gemm.n, gemm.b_dtype)):
+        per = _PER_BYTE.get(dtype, 1)
+        if dtype not in _NP_DTYPE or gemm.k % per:
+            raise InputError(f"{role}: no device layout for {dtype} with K={gemm.k}")
+        note = dtype
+        if per > 1:
+            note = f"{dtype} packed {per} per byte along K"
+        elif np.dtype(_NP_DTYPE[dtype]).name != dtype:
+            note = f"{dtype} bits"
+        out[role] = ((rows, gemm.k // per), _NP_DTYPE[dtype], note)
+    acc = gemm.mma.c_dtype
+    out["C"] = ((gemm.m, gemm.n), _NP_DTYPE[acc], acc)
+    return out
 
 
 def cuda_device_available() -> tuple[bool, str]:
@@ -35,6 +60,16 @@ def cuda_device_available() -> tuple[bool, str]:
         return False, f"no usable CUDA device ({type(err).__name__}: {err})"
 
 
+def tvm_cuda_available() -> bool:
+    """Whether TVM's own CUDA runtime sees a device (what a compiled whole model runs on)."""
+    try:
+        import tvm
+
+        return bool(tvm.runtime.enabled("cuda")) and tvm.cuda(0).exist
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def device_arch() -> str:
     """``"sm_90"`` for device 0."""
     import cupy
@@ -43,7 +78,7 @@ def device_arch() -> str:
 
 
 class GemmKernel:
-    """A loaded GEMM kernel: ``kernel(a, b)`` returns ``C`` (a cupy int32 array)."""
+    """A loaded GEMM kernel: ``kernel(a, b)`` returns ``C`` (a cupy int32 array, float32 for FP8)."""
 
     def __init__(self, gemm):
         import cupy
@@ -75,36 +110,57 @@ class GemmKernel:
         if self.loaded_from is None:
             raise RuntimeError(f"cannot load kernel {gemm.kernel_name}: " + " | ".join(errors))
 
-    def _check(self, role: str, array, shape: tuple[int, int], dtype: str):
+    def _check(self, role: str, array):
         import cupy
 
+        shape, dtype, note = self.layout[role]
         if not isinstance(array, cupy.ndarray):
             raise InputError(f"{role} must be a cupy array, got {type(array).__name__}")
-        if tuple(array.shape) != shape or array.dtype != np.dtype(_NP_DTYPE[dtype]):
-            raise InputError(f"{role} must be {dtype}{list(shape)}, got {array.dtype}{list(array.shape)}")
+        if tuple(array.shape) != shape or array.dtype != np.dtype(dtype):
+            raise InputError(f"{role} must be {np.dtype(dtype).name}{list(shape)} ({note}), "
+                             f"got {array.dtype}{list(array.shape)}")
         if not array.flags.c_contiguous:
             raise InputError(f"{role} must be C-contiguous")
 
+    @property
+    def layout(self):
+        """:func:`operand_layout` of the kernel's GEMM (worked out once, not per call)."""
+        if getattr(self, "_layout", None) is None:
+            self._layout = operand_layout(self.gemm)
+        return self._layout
+
     def __call__(self, a, b, c=None):
+        """``C = A x B^T`` on cupy arrays laid out as :func:`operand_layout` says; returns C."""
         import cupy
 
         g = self.gemm
         if c is None:
-            c = cupy.empty((g.m, g.n), dtype=np.int32)
-        self._check("A", a, (g.m, g.k), g.a_dtype)
-        self._check("B", b, (g.n, g.k), g.b_dtype)
-        self._check("C", c, (g.m, g.n), "int32")
+            shape, dtype, _ = self.layout["C"]
+            c = cupy.empty(shape, dtype=dtype)
+        self._check("A", a)
+        self._check("B", b)
+        self._check("C", c)
         by_role = {"A": a, "B": b, "C": c}
         args = tuple(by_role[p.role] for p in g.params)
         self._function(g.grid, g.block, args, shared_mem=g.dynamic_shared_bytes)
         return c
 
 
+def _to_device(x):
+    import cupy
+
+    if isinstance(x, np.ndarray) and x.dtype.itemsize == 1 and x.dtype.kind == "V":
+        x = x.view(np.uint8)  # ml_dtypes float8: its bits
+    return cupy.ascontiguousarray(cupy.asarray(x))
+
+
 def run_gemm(gemm, a, b):
-    """One-shot: load ``gemm``, run it on host or device arrays, return C as a numpy int32 array."""
+    """One-shot: load ``gemm``, run it on host or device arrays (float8 ones from ``ml_dtypes`` are
+    passed as their bits; 4-bit ones packed, see :func:`operand_layout`), return C as a numpy array
+    (int32, or float32 for FP8)."""
     import cupy
 
     kernel = GemmKernel(gemm)
-    c = kernel(cupy.ascontiguousarray(cupy.asarray(a)), cupy.ascontiguousarray(cupy.asarray(b)))
+    c = kernel(_to_device(a), _to_device(b))
     cupy.cuda.Device().synchronize()
     return cupy.asnumpy(c)

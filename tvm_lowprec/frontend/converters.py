@@ -99,8 +99,9 @@ def _per_axis(bb, param, ndim: int, axis: int):
 
 def _broadcast_at(t, index):
     """``t`` at the trailing dimensions of ``index`` (a scalar, or a parameter shaped by
-    :func:`_per_axis` to broadcast against the input)."""
-    return t[tuple(index[len(index) - len(t.shape):])]
+    :func:`_per_axis` to broadcast against the input: its dimensions of size 1 read index 0)."""
+    trailing = index[len(index) - len(t.shape):]
+    return t[tuple(0 if int(size) == 1 else i for size, i in zip(t.shape, trailing))]
 
 
 def _float8_first(cls, inherited):

@@ -24,8 +24,8 @@ def build_pack_b(batch: int, k: int, n: int, b_dtype: str, layout: GemmLayout, z
     def signed(b, kk, nn):
         return W[b, tirx.min(kk, k - 1), tirx.min(nn, n - 1)].astype("int32") - b_off
 
-    def pack(b, p, kb, g, lane, ks):
-        nn, kk = p * lay.panel + g * lay.lanes + lane, kb * lay.kstep + ks
+    def pack(b, *index):
+        nn, kk = lay.b_logical(*index)
         inside = tirx.all(nn < n, kk < k)
         return tirx.if_then_else(inside, signed(b, kk, nn), 0).astype(lay.b_storage)
 

@@ -120,11 +120,20 @@ class GemmLayout:
     np_: int
     kp: int
     rows: int = 1  # activation rows per instruction: > 1 keeps the accumulators in rows x lanes blocks
+    # "panels": B in CPU micro-panels (:func:`pack_weights`); "nk": B as [N, K], K contiguous, the
+    # operand a tensor-core mma loads with ldmatrix (GPU rows)
+    b_order: str = "panels"
+    block: tuple = ()  # GPU rows: the block/warp tile (block_m, block_n, block_k, warp_m, warp_n)
 
     @staticmethod
     def choose(problem: QGemmProblem, spec: TargetSpec, b_signed=None) -> "GemmLayout":
-        """Pick the first recipe that accepts the weights (``b_signed``: int8 values, or None when
-        they are only known at run time), then its tile for M."""
+        """The layout the spec's device asks for: CPU rows pick the first recipe that accepts the
+        weights (``b_signed``: int8 values, or None when they are only known at run time), then its
+        tile for M; GPU rows their mma form and block tile."""
+        return _LAYOUT_CHOICE[spec.device](problem, spec, b_signed)
+
+    @staticmethod
+    def _choose_cpu(problem: QGemmProblem, spec: TargetSpec, b_signed=None) -> "GemmLayout":
         recipe = spec.recipe_for(b_signed)
         tile = recipe.tile_for(problem.m)
         gi = recipe.intrin
@@ -151,13 +160,41 @@ class GemmLayout:
             rows=gi.rows,
         )
 
+    @staticmethod
+    def _choose_mma(problem: QGemmProblem, spec, b_signed=None) -> "GemmLayout":  # b_signed: every weight is exact on mma
+        from ..cuda.mma import MMA_BY_NAME, MMA_N
+
+        form = MMA_BY_NAME[spec.mma[problem.a_dtype]]
+        t = spec.tile_for(problem.m, problem.n)
+        return GemmLayout(
+            intrin=form.name, intrin_row=spec.row, lanes=MMA_N, kstep=form.k, mr=t.block_m, nr=t.block_n // MMA_N,
+            kblock=t.block_k, a_storage=problem.a_dtype, a_offset=0, b_storage="int8",
+            mp=_ceil(problem.m, t.block_m), np_=_ceil(problem.n, t.block_n), kp=_ceil(problem.k, t.block_k),
+            b_order="nk", block=(t.block_m, t.block_n, t.block_k, t.warp_m, t.warp_n),
+        )
+
     @property
     def panel(self) -> int:
         return self.lanes * self.nr
 
     @property
     def packed_shape(self) -> tuple[int, ...]:
+        if self.b_order == "nk":
+            return (self.np_, self.kp)
         return (self.np_ // self.panel, self.kp // self.kstep, self.nr, self.lanes, self.kstep)
+
+    def b_index(self, n, k) -> tuple:
+        """Where the weight of output column ``n`` and reduction index ``k`` lies in packed B."""
+        if self.b_order == "nk":
+            return (n, k)
+        return (n // self.panel, k // self.kstep, (n // self.lanes) % self.nr, n % self.lanes, k % self.kstep)
+
+    def b_logical(self, *index) -> tuple:
+        """The inverse of :meth:`b_index`: ``(n, k)`` of a packed-B index."""
+        if self.b_order == "nk":
+            return tuple(index)
+        p, kb, g, lane, ks = index
+        return (p * self.panel + g * self.lanes + lane, kb * self.kstep + ks)
 
     def needs_prepare(self, problem: QGemmProblem) -> bool:
         return self.a_storage != problem.a_dtype or self.mp != problem.m or self.kp != problem.k
@@ -172,6 +209,8 @@ def pack_weights(b_signed: np.ndarray, layout: GemmLayout) -> np.ndarray:
     k, n = b_signed.shape
     padded = np.zeros((layout.kp, layout.np_), layout.b_storage)
     padded[:k, :n] = b_signed
+    if layout.b_order == "nk":
+        return np.ascontiguousarray(padded.T)
     npanel, kb = layout.np_ // layout.panel, layout.kp // layout.kstep
     t = padded.T.reshape(npanel, layout.nr, layout.lanes, kb, layout.kstep)
     return np.ascontiguousarray(t.transpose(0, 3, 1, 2, 4))
@@ -317,12 +356,12 @@ def _gemm(p: QGemmProblem, lay: GemmLayout, A, Bp, nb: int):
 
         a_src = te.compute(tuple(A.shape[:nb]) + (lay.mp, lay.kp), prep, name="A_prepared")
     k = te.reduce_axis((0, lay.kp), name="k")
-    G, L, KS, R = lay.panel, lay.lanes, lay.kstep, lay.rows
+    L, R = lay.lanes, lay.rows
 
     def product(b, m, n):
         a = a_src[(*b, m, k)].astype("int32")
         a = a + lay.a_offset if lay.a_offset else a
-        return te.sum(a * Bp[(*b, n // G, k // KS, (n // L) % lay.nr, n % L, k % KS)].astype("int32"), axis=k)
+        return te.sum(a * Bp[(*b, *lay.b_index(n, k))].astype("int32"), axis=k)
 
     lead = tuple(A.shape[:nb])
     if R == 1:
@@ -379,4 +418,8 @@ def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
         "lowprec.epilogue": problem.epilogue.kind,
         "lowprec.requant": "float32" if problem.requant_f32 else problem.epilogue.mode,
         "lowprec.batch": problem.batch,
+        "lowprec.block": list(layout.block),
     }
+
+
+_LAYOUT_CHOICE = {"cpu": GemmLayout._choose_cpu, "cuda": GemmLayout._choose_mma}

@@ -389,7 +389,7 @@ def _gemm_input(builder, match: QGemmMatch):
     return x2, (xshape[:-1] if len(xshape) != 2 else None), None
 
 
-def emit_depthwise(builder, match: QGemmMatch) -> relax.Expr | None:
+def emit_depthwise(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
     """A depthwise convolution: its own NHWC kernel (:mod:`~tvm_lowprec.kernels.depthwise`)."""
     g = match.conv
     if static_shape(match.x) != (g.batch, g.channels, *g.in_hw) or match.x_zero_point_expr is not None:
@@ -399,7 +399,9 @@ def emit_depthwise(builder, match: QGemmMatch) -> relax.Expr | None:
     name = f"qdepthwise_{a_dtype[0]}8_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}_s{g.strides[0]}"
     params = depthwise_params(match.weight.values, match.weight.zero_point, match.x_zero_point, match.bias_int,
                               match.mult, match.epilogue)
-    gvar = builder.add_func(build_depthwise(problem, match.x_zero_point, name, params), name)
+    # the parameters let the epilogue requantize in float32 where exact, with LLVM's FMA (CPU rows)
+    f32_params = params if spec.float32_requant else None
+    gvar = builder.add_func(build_depthwise(problem, match.x_zero_point, name, f32_params), name)
     x = builder.emit(relax.op.permute_dims(match.x, NCHW_TO_NHWC))
     out_type = relax.TensorType((g.batch, *g.out_hw, g.channels), match.epilogue.out_dtype)
     y = builder.emit(relax.call_tir(gvar, [x] + [relax.const(p) for p in params], out_type))
@@ -421,7 +423,7 @@ def _float32_exact(match: QGemmMatch) -> bool:
 
 def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
     if match.conv is not None and match.conv.depthwise:
-        return emit_depthwise(builder, match)
+        return emit_depthwise(builder, match, spec)
     k, n = match.weight.values.shape
     x2, out_lead, perm = _gemm_input(builder, match)
     if x2 is None or static_shape(x2)[-1] != k:
@@ -430,7 +432,7 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
     row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
     runtime_za = match.x_zero_point_expr is not None
     problem = QGemmProblem(m, n, k, dtype_of(match.x), match.epilogue, row_term=row_term, runtime_a_zero_point=runtime_za,
-                           requant_f32=not runtime_za and _float32_exact(match))
+                           requant_f32=spec.float32_requant and not runtime_za and _float32_exact(match))
     layout = GemmLayout.choose(problem, spec, signed_weights(match.weight.values)[0])
     corr = gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, layout.a_offset, match.bias_int)
     zcoef = zero_point_coefficient(match.weight.values, match.weight.zero_point) if runtime_za else None

@@ -1,11 +1,13 @@
 """Schedule rules: each takes a PrimFunc and a TargetSpec and returns a Schedule, or None to decline."""
 
 from tvm.s_tir.dlight import cpu as _dlight_cpu
+from tvm.s_tir.dlight import gpu as _dlight_gpu
 
 from .col2im import Col2imRule
+from .cuda import CudaPackBRule, CudaQGemmRule
+from .depthwise import DepthwiseRule
 from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
-from .depthwise import DepthwiseRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 from .rows import RowOpRule
 from .strided import StridedReductionRule
@@ -16,14 +18,22 @@ DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), Col2imRule(), RowOpRule
                  StridedReductionRule(),                  DlightRule(_dlight_cpu.Reduction()))
 
 
-def schedule_func(func, spec, rules=DEFAULT_RULES):
-    """The first rule that accepts ``func`` schedules it; ``None`` when none does."""
-    for rule in rules:
+# GPU rows: the mma GEMM, then TVM's dlight GPU rules (the fallback accepts anything it can bind)
+CUDA_RULES = (CudaQGemmRule(), CudaPackBRule(), DlightRule(_dlight_gpu.Reduction(), own_ops=True),
+              DlightRule(_dlight_gpu.GeneralReduction(), own_ops=True), DlightRule(_dlight_gpu.Fallback(), own_ops=True))
+
+RULES = {"cpu": DEFAULT_RULES, "cuda": CUDA_RULES}
+
+
+def schedule_func(func, spec, rules=None):
+    """The first rule that accepts ``func`` schedules it; ``None`` when none does. ``rules``: the
+    spec's device's table (:data:`RULES`) unless given."""
+    for rule in RULES[spec.device] if rules is None else rules:
         sch = rule.apply(func, spec)
         if sch is not None:
             return sch
     return None
 
 
-__all__ = ["Col2imRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "RowOpRule",
+__all__ = ["CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "RowOpRule",
            "StridedReductionRule", "WindowReductionRule", "schedule_func"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
-from ..hwspec import AOperand, GemmIntrin, GemmRecipe, TargetSpec, Tile
+from ..hwspec import AOperand, CudaTargetSpec, GemmIntrin, GemmRecipe, TargetSpec, Tile
 from .arm import ARM_TARGETS
+from .cuda import CUDA_TARGETS
 from .x86 import X86_TARGETS
 
 _REGISTRY: dict[str, TargetSpec] = {}
@@ -21,13 +22,13 @@ def register_target(spec: TargetSpec) -> TargetSpec:
     return spec
 
 
-for _spec in (*X86_TARGETS, *ARM_TARGETS):
+for _spec in (*X86_TARGETS, *ARM_TARGETS, *CUDA_TARGETS):
     register_target(_spec)
 
 
-def registered_targets() -> dict[str, TargetSpec]:
-    """Canonical name -> spec, in registration order."""
-    return {s.name: s for s in _REGISTRY.values()}
+def registered_targets(device: str | None = None) -> dict[str, TargetSpec]:
+    """Canonical name -> spec, in registration order; ``device`` (``"cpu"``, ``"cuda"``) keeps that kind only."""
+    return {s.name: s for s in _REGISTRY.values() if device is None or s.device == device}
 
 
 def llvm_feature_name(flag: str) -> str:
@@ -60,13 +61,14 @@ def host_features() -> frozenset[str]:
 
 
 def host_supports(spec: TargetSpec) -> bool:
-    """True when this machine can execute code built for ``spec``."""
-    return set(spec.features) <= host_features()
+    """True when this machine's CPU can execute code built for ``spec`` (never for a GPU row: see
+    :func:`tvm_lowprec.cuda.run.cuda_device_available`)."""
+    return spec.device == "cpu" and set(spec.features) <= host_features()
 
 
 def native_target() -> TargetSpec:
     """The fastest registered x86 row whose features this machine has (rows are listed best first)."""
-    for spec in registered_targets().values():
+    for spec in registered_targets("cpu").values():
         if host_supports(spec):
             import tvm
 
@@ -90,7 +92,7 @@ def native_target() -> TargetSpec:
 
 def resolve_target(target) -> TargetSpec:
     """A registered name, ``"native"``, a :class:`TargetSpec`, a ``tvm.target.Target`` or a dict."""
-    if isinstance(target, TargetSpec):
+    if isinstance(target, (TargetSpec, CudaTargetSpec)):
         return target
     if target is None or target == "native":
         return native_target()
@@ -112,10 +114,12 @@ def resolve_target(target) -> TargetSpec:
 def _spec_from_tvm_target(target) -> TargetSpec:
     import tvm
 
+    if target.kind.name == "cuda":
+        return _cuda_spec(target)
     if target.kind.name != "llvm":
         raise ValueError(f"target kind {target.kind.name!r} has no registered integer GEMM yet")
     features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
-    for spec in registered_targets().values():
+    for spec in registered_targets("cpu").values():
         if set(spec.features) <= features:
             return TargetSpec(
                 name=f"{spec.name}@{target.attrs.get('mcpu', 'generic')}",
@@ -129,8 +133,25 @@ def _spec_from_tvm_target(target) -> TargetSpec:
     raise ValueError(f"target {target} has none of the instruction sets tvm-lowprec needs (at least AVX2)")
 
 
+def _cuda_spec(target) -> CudaTargetSpec:
+    """The newest registered GPU row the target's architecture runs (``sm_86`` -> ``cuda-sm80``)."""
+    from ..cuda.mma import sm_number
+
+    arch = target.attrs.get("arch", None)
+    if arch is None:
+        raise ValueError(f"CUDA target {target} has no 'arch' (e.g. {{'kind': 'cuda', 'arch': 'sm_90'}})")
+    sm = sm_number(str(arch))
+    rows = [s for s in registered_targets("cuda").values() if sm_number(s.arch) <= sm]
+    if not rows:
+        raise ValueError(f"CUDA architecture sm_{sm} has no integer tensor-core row (sm_80 or newer needed)")
+    best = max(rows, key=lambda s: sm_number(s.arch))
+    return CudaTargetSpec(name=f"{best.name}@sm_{sm}", arch=f"sm_{sm}", mma=best.mma, tiles=best.tiles,
+                          fp8_mma=best.fp8_mma, int4_mma=best.int4_mma, description=f"user target via {best.name}", base=best.name)
+
+
 __all__ = [
     "AOperand",
+    "CudaTargetSpec",
     "GemmIntrin",
     "GemmRecipe",
     "TargetSpec",
