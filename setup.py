@@ -26,7 +26,8 @@ setup(
         # the tests run the benchmarks' code paths too: everything the benchmarks import but torch
         # (sympy: ONNX Runtime's quant_pre_process, which builds the benchmark models, imports it)
         # cuobjdump + nvdisasm (NVIDIA's wheels, no GPU needed): the tests read the SASS of every cubin
-        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy", "ml_dtypes",
+        # onnx-ir: ONNX Runtime's MatMulNBitsQuantizer imports it (the INT4 tests quantize with it)
+        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy", "ml_dtypes", "onnx-ir",
                  "nvidia-cuda-cuobjdump; platform_system == 'Linux' and platform_machine == 'x86_64'",
                  "nvidia-cuda-nvdisasm; platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy"],

@@ -1,4 +1,5 @@
-"""The ONNX backend conformance cases that tvm-lowprec claims (8-bit quantization operators)."""
+"""The ONNX backend conformance cases that tvm-lowprec claims: all 45 quantization cases that ``onnx``
+ships (QLinearMatMul/Conv, MatMul/ConvInteger, Q/DQ in every type, blocked, DynamicQuantizeLinear)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,26 @@ CLAIMED = (
     "test_dequantizelinear_e4m3fn_float16",
     "test_dequantizelinear_e4m3fn_zero_point",
     "test_dequantizelinear_e5m2",
+    # 4- and 2-bit integers (tvm_lowprec.frontend.narrow_types: 8-bit carriers, the narrow range enforced)
+    "test_quantizelinear_int4",
+    "test_quantizelinear_uint4",
+    "test_quantizelinear_int2",
+    "test_quantizelinear_uint2",
+    "test_dequantizelinear_int4",
+    "test_dequantizelinear_uint4",
+    "test_dequantizelinear_int2",
+    "test_dequantizelinear_uint2",
+    # float4 e2m1 (carried as float8 e4m3fn; QuantizeLinear rounds to the float4 grid)
+    "test_quantizelinear_float4e2m1",
+    "test_dequantizelinear_float4e2m1",
+    # blocked quantization (block_size, opset 21)
+    "test_quantizelinear_blocked_asymmetric",
+    "test_quantizelinear_blocked_symmetric",
+    "test_dequantizelinear_blocked",
+    # DynamicQuantizeLinear as its function body (ReduceMin/Max, Div, Round, Clip, Cast)
+    "test_dynamicquantizelinear_expanded",
+    "test_dynamicquantizelinear_max_adjusted_expanded",
+    "test_dynamicquantizelinear_min_adjusted_expanded",
 )
 
 

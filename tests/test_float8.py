@@ -11,7 +11,7 @@ import pytest
 import tvm
 from tvm import te
 
-from tvm_lowprec.quant.float8 import E4M3FN, E5M2, decode, encode
+from tvm_lowprec.quant.float8 import E2M1, E4M3FN, E5M2, decode, encode
 
 FORMATS = {"e4m3fn": (E4M3FN, ml_dtypes.float8_e4m3fn), "e5m2": (E5M2, ml_dtypes.float8_e5m2)}
 
@@ -164,3 +164,27 @@ def test_fp8_qdq_model_compiles_for_the_gpu_rows(name, scales):
 
         x = _fp8_inputs(np.random.default_rng(5))
         _same_floats(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+def test_float4_e2m1_equals_ml_dtypes_bit_for_bit(rng):
+    """float4 (no infinity, no NaN: saturates to +-6; NaN becomes zero of the opposite sign, as
+    ml_dtypes does): all 16 codes decoded, every value, tie and neighbour of a tie encoded."""
+    mdt = ml_dtypes.float4_e2m1fn
+    codes = np.arange(16, dtype=np.uint8)
+    values = codes.view(mdt).astype(np.float32)
+    x = _inputs(values, rng)
+    x = np.concatenate([x, (rng.standard_normal(2000) * 4).astype(np.float32)])
+    n = len(x)
+    xt = te.placeholder((n,), "float32", name="x")
+    yt = te.compute(xt.shape, lambda i: encode(xt[i], E2M1), name="y")
+    bt = te.placeholder((16,), "uint8", name="b")
+    zt = te.compute(bt.shape, lambda i: decode(bt[i], E2M1), name="z")
+    mod = tvm.IRModule({"enc": te.create_prim_func([xt, yt]).with_attr("global_symbol", "enc"),
+                        "dec": te.create_prim_func([bt, zt]).with_attr("global_symbol", "dec")})
+    lib = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+    y, z = tvm.runtime.tensor(np.zeros(n, np.uint8)), tvm.runtime.tensor(np.zeros(16, np.float32))
+    lib["enc"](tvm.runtime.tensor(x), y)
+    lib["dec"](tvm.runtime.tensor(codes), z)
+    np.testing.assert_array_equal(y.numpy(), x.astype(mdt).view(np.uint8))
+    np.testing.assert_array_equal(z.numpy(), values)
+    np.testing.assert_array_equal(np.signbit(z.numpy()), np.signbit(values))

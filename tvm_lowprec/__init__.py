@@ -36,12 +36,19 @@ def _input_specs(mod) -> list[InputSpec]:
     main = mod["main"]
     names = main.attrs.get("lowprec.input_names", None) if main.attrs is not None else None
     names = [str(n) for n in names] if names is not None else [p.name_hint for p in main.params]
+    narrow = main.attrs.get("lowprec.narrow_inputs", {}) if main.attrs is not None else {}
     specs = []
     for name, param in zip(names, main.params):
         ty = param.ty
         shape = tuple(int(s) if hasattr(s, "value") else str(s) for s in ty.shape)
-        specs.append(InputSpec(name, shape, str(ty.dtype)))
+        specs.append(InputSpec(name, shape, str(ty.dtype), str(narrow[name]) if name in narrow else None))
     return specs
+
+
+def _narrow_outputs(mod) -> tuple:
+    attrs = mod["main"].attrs
+    found = attrs.get("lowprec.narrow_outputs", None) if attrs is not None else None
+    return tuple(str(n) or None for n in found) if found is not None else ()
 
 
 def _warn_dynamic(inputs) -> None:
@@ -171,12 +178,12 @@ def compile(  # noqa: A001
     mode = execution_mode(spec)
     if spec.device == "cuda":
 
-        return Compiled(executable, lowered, spec, inputs, runnable=executable if mode == "cuda" else None,
+        return Compiled(executable, lowered, spec, inputs, narrow_outputs=_narrow_outputs(mod), runnable=executable if mode == "cuda" else None,
                         cuda=build_model(executable, spec))
     if emulate is True or (emulate == "auto" and mode == "emulated"):
         runnable, report = emulated_executable(lowered, executable, tvm_target)
-        return Compiled(executable, lowered, spec, inputs, num_threads=num_threads, runnable=runnable, emulation=report)
-    return Compiled(executable, lowered, spec, inputs, num_threads=num_threads,
+        return Compiled(executable, lowered, spec, inputs, narrow_outputs=_narrow_outputs(mod), num_threads=num_threads, runnable=runnable, emulation=report)
+    return Compiled(executable, lowered, spec, inputs, narrow_outputs=_narrow_outputs(mod), num_threads=num_threads,
                     runnable=executable if mode == "native" else None)
 
 

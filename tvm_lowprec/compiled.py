@@ -40,6 +40,7 @@ class InputSpec:
     name: str
     shape: tuple
     dtype: str
+    narrow: str | None = None  # "int4", "uint4", "int2", "uint2": the ONNX type ``dtype`` carries
 
 
 def _describe(gvar, func) -> KernelInfo:
@@ -88,7 +89,7 @@ class Compiled:
     """
 
     def __init__(self, executable, lowered_mod, spec, inputs: Sequence[InputSpec], num_threads: int | None = None,
-                 runnable=_SAME, emulation=None, cuda=None):
+                 runnable=_SAME, emulation=None, cuda=None, narrow_outputs=()):
         """``runnable``: the executable that runs (default ``executable``; the emulated one; or None
         where this host can run neither); ``emulation``: its :class:`~tvm_lowprec.emulation.EmulationReport`;
         ``cuda``: a GPU row's device code compiled by nvcc (:class:`~tvm_lowprec.cuda.model.CudaBuild`)."""
@@ -99,6 +100,7 @@ class Compiled:
         self.emulation = emulation
         self._lowered = lowered_mod
         self.cuda = cuda
+        self.narrow_outputs = tuple(narrow_outputs)  # per output: its 4-/2-bit ONNX type, or None
         self._runnable = executable if runnable is _SAME else runnable
         self._device = tvm.cuda(0) if spec.device == "cuda" and self._runnable is not None else tvm.cpu()
         self._vm = relax.VirtualMachine(self._runnable, self._device) if self._runnable is not None else None
@@ -156,6 +158,8 @@ class Compiled:
         return [self._check(spec, np.asarray(a), device) for spec, a in zip(self.inputs, args)]
 
     def _check(self, spec: InputSpec, value: np.ndarray, device=None):
+        if spec.narrow is not None:
+            value = _to_carrier(spec, value)
         if str(value.dtype) != spec.dtype:
             raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype}, got {value.dtype}")
         if len(value.shape) != len(spec.shape) or any(
@@ -167,8 +171,8 @@ class Compiled:
     def __call__(self, *args, **kwargs) -> list[np.ndarray]:
         self._require()
         self._set_threads()
-        out = self._vm["main"](*self._arguments(args, kwargs))
-        return _to_numpy(out)
+        out = _to_numpy(self._vm["main"](*self._arguments(args, kwargs)))
+        return [_from_carrier(o, narrow) for o, narrow in zip(out, self.narrow_outputs)] + out[len(self.narrow_outputs):]
 
     def benchmark(self, *args, number: int = 10, repeat: int = 5, **kwargs) -> float:
         """Median seconds per call, measured by TVM's time evaluator (no Python overhead)."""
@@ -270,6 +274,34 @@ class Compiled:
     def __repr__(self):
         return (f"Compiled(target={self.spec.name}, execution={self.execution}, inputs={[i.name for i in self.inputs]}, "
                 f"kernels={len(self.kernels())})")
+
+
+def _to_carrier(spec: InputSpec, value: np.ndarray) -> np.ndarray:
+    """A 4- or 2-bit input (an ``ml_dtypes`` array, or its values in the 8-bit carrier) as the carrier."""
+    import ml_dtypes
+
+    from .frontend.narrow_types import CARRIERS, RANGES
+
+    carrier = CARRIERS[spec.narrow]
+    if str(value.dtype) not in (spec.narrow, carrier):
+        raise InputError(f"input {spec.name!r}: expected dtype {spec.narrow} (or its values as {carrier}), got {value.dtype}")
+    wide = np.asarray(value).astype(getattr(ml_dtypes, carrier, carrier))
+    if spec.narrow in RANGES:
+        lo, hi = RANGES[spec.narrow][1:]
+        if wide.size and (wide.min() < lo or wide.max() > hi):
+            raise InputError(f"input {spec.name!r}: {spec.narrow} values must lie in [{lo}, {hi}]")
+    elif str(value.dtype) != spec.narrow and not np.array_equal(
+            wide.astype(getattr(ml_dtypes, spec.narrow)).astype(np.float32), wide.astype(np.float32), equal_nan=True):
+        raise InputError(f"input {spec.name!r}: values are not all {spec.narrow} values")
+    return wide
+
+
+def _from_carrier(out: np.ndarray, narrow: str | None) -> np.ndarray:
+    if narrow is None:
+        return out
+    import ml_dtypes
+
+    return out.astype(getattr(ml_dtypes, narrow))
 
 
 def _to_numpy(out) -> list[np.ndarray]:

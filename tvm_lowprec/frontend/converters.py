@@ -13,6 +13,9 @@ import contextlib
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
+from ..errors import UnsupportedOperatorError
+from .narrow_types import ROUND_TO
+
 
 def _widen(bb, x, zero_point, channel_axis_shape=None):
     x = relax.op.astype(x, "int32")
@@ -105,14 +108,28 @@ def _broadcast_at(t, index):
 
 
 def _float8_first(cls, inherited):
-    """A converter that takes the float8 form (``cls._float8``) where it applies, else TVM's own
-    converter for the model's opset."""
+    """A converter that takes the blocked form (``cls._blocked``: ``block_size`` > 0) or the float8
+    form (``cls._float8``) where they apply, else TVM's own converter for the model's opset."""
 
     def convert(bb, inputs, attr, params):
-        converted = cls._float8(bb, inputs, attr)
+        converted = cls._blocked(bb, inputs, attr) if int(attr.get("block_size", 0)) > 0 else None
+        converted = cls._float8(bb, inputs, attr) if converted is None else converted
         return inherited(bb, inputs, attr, params) if converted is None else converted
 
     return convert
+
+
+def _block_at(t, index, axis: int, block: int):
+    """A blocked parameter (the input's shape, ``axis`` divided into blocks of ``block``) at ``index``."""
+    return t[tuple(i // block if d == axis else i for d, i in enumerate(index))]
+
+
+def _check_blocked(x, param, axis: int, block: int, what: str):
+    xs, ps = [int(d) for d in x.ty.shape], [int(d) for d in param.ty.shape]
+    want = [-(-d // block) if i == axis else d for i, d in enumerate(xs)]
+    if ps != want:
+        raise ValueError(f"blocked {what}: shape {ps} does not match input {xs} with block_size {block} on axis "
+                         f"{axis} (expected {want})")
 
 
 class QuantizeLinear(_tvm_onnx.QuantizeLinear):
@@ -123,6 +140,40 @@ class QuantizeLinear(_tvm_onnx.QuantizeLinear):
     @classmethod
     def get_converter(cls, opset):
         return _float8_first(cls, super().get_converter(opset))
+
+    @classmethod
+    def _blocked(cls, bb, inputs, attr):
+        """Blocked quantization (opset 21): each ``block_size`` run along ``axis`` has its own scale and
+        zero point; ``rint(x / scale) + zero_point`` in float32, saturated to the output type."""
+        import numpy as np
+        from onnx import helper
+        from tvm import te, tirx
+
+        x, scale = inputs[0], inputs[1]
+        zp = inputs[2] if len(inputs) > 2 else None
+        if zp is not None:
+            out_dtype = str(zp.ty.dtype)
+        else:
+            code = attr.get("output_dtype")
+            out_dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(int(code)))) if code else "uint8"
+        if out_dtype not in ("uint8", "int8", "uint16", "int16"):
+            raise UnsupportedOperatorError(f"QuantizeLinear with block_size and a {out_dtype} output is not supported yet")
+        axis, block = int(attr.get("axis", 1)) % len(x.ty.shape), int(attr["block_size"])
+        for name, param in (("scale", scale), ("zero point", zp)):
+            if param is not None:
+                _check_blocked(x, param, axis, block, name)
+        info = np.iinfo(out_dtype)
+
+        def compute(x, scale, *zp):
+            def element(*i):
+                q = tirx.round(x[i].astype("float32") / _block_at(scale, i, axis, block).astype("float32"))
+                if zp:
+                    q = q + _block_at(zp[0], i, axis, block).astype("float32")
+                return tirx.max(tirx.min(q, float(info.max)), float(info.min)).astype(out_dtype)
+
+            return te.compute(x.shape, element, name="quantize_blocked")
+
+        return bb.emit_te(compute, x, scale, *([zp] if zp is not None else []))
 
     @classmethod
     def _float8(cls, bb, inputs, attr):
@@ -140,8 +191,12 @@ class QuantizeLinear(_tvm_onnx.QuantizeLinear):
         if fmt is None:
             return None
         x, ndim = inputs[0], len(inputs[0].ty.shape)
-        scale = _per_axis(bb, inputs[1], ndim, int(attr.get("axis", 1)))
+        axis = int(attr.get("axis", 1))
+        scale = _per_axis(bb, inputs[1], ndim, axis)
         saturate = bool(attr.get("saturate", 1))
+        round_to = attr.get(ROUND_TO)
+        if round_to is not None:  # float4 carried as float8 (narrow_types): its grid, then the carrier
+            return cls._float4(bb, x, scale, _per_axis(bb, zp, ndim, axis), fmt)
 
         def compute(x, scale):
             def element(*i):
@@ -152,6 +207,38 @@ class QuantizeLinear(_tvm_onnx.QuantizeLinear):
 
         return bb.emit_te(compute, x, scale)
 
+    @classmethod
+    def _float4(cls, bb, x, scale, zp, carrier):
+        """ONNX's float4 e2m1 QuantizeLinear, ``float4(x / scale + zero_point)`` (the zero point is added,
+        unlike float8's), rounded to nearest even and saturated to +-6, stored as the ``carrier`` code of
+        that value (exact: e4m3fn holds every float4 value)."""
+        from tvm import te, tirx
+
+        from ..quant.float8 import E2M1, decode, encode
+
+        if carrier.name != "float8_e4m3fn":
+            raise UnsupportedOperatorError(f"float4 carried as {carrier.name}: only float8_e4m3fn is")
+
+        def compute(x, scale, *zp):
+            def element(*i):
+                v = x[i].astype("float32") / _broadcast_at(scale, i).astype("float32")
+                if zp:
+                    v = v + decode(tirx.reinterpret("uint8", _broadcast_at(zp[0], i)), carrier)
+                # the float4 code, bound once (the conversions nested as plain expressions repeat it
+                # in every use: TVM then took minutes on 12 elements), then its e4m3fn code: 0, 0.5 =
+                # 0x30, and from 1.0 = 0x38 up, 4 per float4 step (0x3C 1.5, 0x40 2, ..., 0x4C 6)
+                c = tirx.Var("float4_code", "uint8")
+                m = c & tirx.const(7, "uint8")
+                mag = tirx.Select(m >= tirx.const(2, "uint8"), (m - tirx.const(2, "uint8")) * tirx.const(4, "uint8")
+                                  + tirx.const(0x38, "uint8"),
+                                  tirx.Select(m == tirx.const(1, "uint8"), tirx.const(0x30, "uint8"), tirx.const(0, "uint8")))
+                byte = ((c & tirx.const(8, "uint8")) << tirx.const(4, "uint8")) | mag
+                return tirx.reinterpret(carrier.name, tirx.Let(c, encode(v, E2M1), byte))
+
+            return te.compute(x.shape, element, name="quantize_float4")
+
+        return bb.emit_te(compute, x, scale, *([zp] if zp is not None else []))
+
 
 class DequantizeLinear(_tvm_onnx.DequantizeLinear):
     """Float8 inputs decoded exactly (:mod:`tvm_lowprec.quant.float8`), then ``(x - zero_point) *
@@ -160,6 +247,33 @@ class DequantizeLinear(_tvm_onnx.DequantizeLinear):
     @classmethod
     def get_converter(cls, opset):
         return _float8_first(cls, super().get_converter(opset))
+
+    @classmethod
+    def _blocked(cls, bb, inputs, attr):
+        """Blocked dequantization (opset 21): ``(x - zero_point) * scale`` per block, in float32 (the
+        scale's dtype), as ONNX's reference computes it."""
+        from tvm import te
+
+        x, scale = inputs[0], inputs[1]
+        zp = inputs[2] if len(inputs) > 2 else None
+        if _float8_of(x) is not None:
+            raise UnsupportedOperatorError("DequantizeLinear with block_size and a float8 input is not supported yet")
+        axis, block = int(attr.get("axis", 1)) % len(x.ty.shape), int(attr["block_size"])
+        for name, param in (("scale", scale), ("zero point", zp)):
+            if param is not None:
+                _check_blocked(x, param, axis, block, name)
+        out_dtype = str(scale.ty.dtype)
+
+        def compute(x, scale, *zp):
+            def element(*i):
+                v = x[i].astype(out_dtype)
+                if zp:
+                    v = v - _block_at(zp[0], i, axis, block).astype(out_dtype)
+                return v * _block_at(scale, i, axis, block)
+
+            return te.compute(x.shape, element, name="dequantize_blocked")
+
+        return bb.emit_te(compute, x, scale, *([zp] if zp is not None else []))
 
     @classmethod
     def _float8(cls, bb, inputs, attr):

@@ -16,10 +16,12 @@ from ..errors import DynamicShapeError, LowPrecError, UnsupportedOperatorError
 from .converters import EXTRA_CONVERTERS, extra_converters
 from .fold_batchnorm import fold_batchnorm
 from .fold_shapes import dynamic_report, fold_shapes
+from .matmul_nbits import rewrite_matmul_nbits
+from .narrow_types import widen_narrow_types
 from .qoperator import QOPERATOR_REWRITES, rewrite_qoperators
 
-# Blocked quantization (block_size attribute) and other unsupported QOperator ops are reported here
-# rather than deep inside the importer.
+# Unsupported QOperator ops (and a block_size on any operator but Q/DQ) are reported here rather than
+# deep inside the importer.
 KNOWN_UNSUPPORTED = {
     "QGemm": "com.microsoft QGemm is not supported; export QDQ (quantize_static with QuantFormat.QDQ)",
 }
@@ -49,8 +51,8 @@ def check_operators(model: onnx.ModelProto) -> None:
         domain_ok = node.domain in ("", "ai.onnx")
         if not domain_ok or node.op_type not in supported:
             bad[(node.domain, node.op_type)].append(node.name or f"#{i} -> {', '.join(node.output)}")
-        for attr in node.attribute:
-            if attr.name == "block_size" and attr.i:
+        for attr in node.attribute:  # blocked Q/DQ: integer types (converters.py), not float8 yet
+            if attr.name == "block_size" and attr.i and node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
                 bad[(node.domain, f"{node.op_type}(block_size={attr.i})")].append(node.name or f"#{i}")
     if bad:
         lines = []
@@ -89,6 +91,8 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
         ``main`` takes the graph inputs in order; initializers are bound as constants. The
         attribute ``lowprec.input_names`` keeps the ONNX input names, and ``lowprec.linear_nodes`` the
         names of the MatMul, Gemm and Conv nodes in graph order (layer names for :mod:`tvm_lowprec.ptq`).
+        4- and 2-bit integer tensors are carried as 8-bit ones (:mod:`.narrow_types`);
+        ``lowprec.narrow_inputs`` and ``lowprec.narrow_outputs`` say which, for :func:`~tvm_lowprec.compile`.
 
     Examples
     --------
@@ -97,8 +101,12 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
     """
     from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
 
-    model = _load(model_or_path)
+    model = rewrite_matmul_nbits(_load(model_or_path))  # com.microsoft.MatMulNBits -> blocked DQ + MatMul
     check_operators(model)
+    try:
+        model, narrow_inputs, narrow_outputs = widen_narrow_types(model)
+    except NotImplementedError as err:
+        raise UnsupportedOperatorError(str(err)) from None
     model = fold_batchnorm(fold_shapes(rewrite_qoperators(model), shape_dict))
     names = [vi.name for vi in _graph_inputs(model)]
     dynamic = dynamic_report(model)
@@ -113,6 +121,9 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
         raise
     linear = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node) if n.op_type in LINEAR_NODES]
     attrs = {"lowprec.input_names": names, "lowprec.linear_nodes": linear}
+    if narrow_inputs or any(narrow_outputs):  # int4/uint4/int2/uint2 tensors carried as 8-bit ones
+        attrs["lowprec.narrow_inputs"] = narrow_inputs
+        attrs["lowprec.narrow_outputs"] = narrow_outputs
     if dynamic:
         attrs["lowprec.dynamic"] = dynamic.message()
     main = mod["main"].with_attrs(attrs)

@@ -25,19 +25,29 @@ from tvm import tirx
 @dataclass(frozen=True)
 class Float8Format:
     """``ebits`` exponent bits, ``mbits`` mantissa bits, exponent ``bias``; ``has_inf``: IEEE-style
-    infinities and NaNs in the top exponent (e5m2), else only the all-ones code is NaN (e4m3fn)."""
+    infinities and NaNs in the top exponent (e5m2), else only the all-ones code is NaN (e4m3fn), or,
+    with ``has_nan`` False, no code is special (float4 e2m1: its all-ones code is 6.0). ``bits``:
+    the width (8, or 4 for float4, whose code sits in the byte's low half, sign at bit 3)."""
 
     name: str
     ebits: int
     mbits: int
     bias: int
     has_inf: bool
+    has_nan: bool = True
+    bits: int = 8
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.bits - 1)
 
     @property
     def max_code(self) -> int:
         """The byte of the largest finite value (sign bit clear)."""
         if self.has_inf:
             return ((1 << self.ebits) - 2) << self.mbits | ((1 << self.mbits) - 1)
+        if not self.has_nan:
+            return (1 << (self.ebits + self.mbits)) - 1  # every code is a number
         return (1 << (self.ebits + self.mbits)) - 2  # all ones but the last mantissa bit
 
     @property
@@ -47,7 +57,9 @@ class Float8Format:
         return (1 + m / (1 << self.mbits)) * 2.0**e
 
     @property
-    def nan_code(self) -> int:
+    def nan_code(self) -> int | None:
+        if not self.has_nan:
+            return None
         return (1 << (self.ebits + self.mbits)) - 1 if not self.has_inf else ((1 << self.ebits) - 1) << self.mbits | 2
 
     @property
@@ -58,6 +70,8 @@ class Float8Format:
 E4M3FN = Float8Format("float8_e4m3fn", 4, 3, 7, has_inf=False)
 E5M2 = Float8Format("float8_e5m2", 5, 2, 15, has_inf=True)
 FORMATS = {f.name: f for f in (E4M3FN, E5M2)}
+# float4 (ONNX FLOAT4E2M1, OCP MX): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; no infinity, no NaN
+E2M1 = Float8Format("float4_e2m1fn", 2, 1, 1, has_inf=False, has_nan=False, bits=4)
 
 
 def _u32(value: int):
@@ -65,9 +79,10 @@ def _u32(value: int):
 
 
 def encode(x, fmt: Float8Format, saturate: bool = True):
-    """The float8 byte (``uint8``) of the float32 expression ``x``."""
+    """The float8 byte (``uint8``) of the float32 expression ``x`` (for float4, the code in its low
+    four bits). A format without NaN maps NaN as ``ml_dtypes`` does: to zero of the opposite sign."""
     bits = tirx.reinterpret("uint32", x)
-    sign = (bits >> _u32(24)) & _u32(0x80)
+    sign = (bits >> _u32(32 - fmt.bits)) & _u32(fmt.sign_bit)
     mag = bits & _u32(0x7FFFFFFF)
     shift = 23 - fmt.mbits
     # normal float8 results: round the float32 mantissa to mbits, ties to even, then re-bias
@@ -79,20 +94,22 @@ def encode(x, fmt: Float8Format, saturate: bool = True):
     smallest_normal_bits = _u32((127 + 1 - fmt.bias) << 23)
     code = tirx.if_then_else(mag < smallest_normal_bits, subnormal, normal)
     overflow = tirx.const(fmt.max_code, "uint32")
-    if saturate:
+    if saturate or not fmt.has_nan:  # nothing to overflow into: a format without NaN saturates
         beyond = _u32(fmt.max_code)
     else:
         beyond = _u32(fmt.inf_code if fmt.has_inf else fmt.nan_code)
     # |x| rounds past the largest finite value (infinity included)
     code = tirx.if_then_else(code > overflow, beyond, code)
-    code = tirx.if_then_else(mag > _u32(0x7F800000), _u32(fmt.nan_code), code)
-    return (sign | code).astype("uint8")
+    is_nan = mag > _u32(0x7F800000)
+    if fmt.has_nan:
+        return tirx.if_then_else(is_nan, _u32(fmt.nan_code) | sign, sign | code).astype("uint8")
+    return tirx.if_then_else(is_nan, sign ^ _u32(fmt.sign_bit), sign | code).astype("uint8")
 
 
 def decode(byte, fmt: Float8Format):
     """The float32 value of the float8 byte expression ``byte`` (``uint8``)."""
     b = byte.astype("uint32")
-    sign = (b & _u32(0x80)) << _u32(24)
+    sign = (b & _u32(fmt.sign_bit)) << _u32(32 - fmt.bits)
     exp = (b >> _u32(fmt.mbits)) & _u32((1 << fmt.ebits) - 1)
     man = b & _u32((1 << fmt.mbits) - 1)
     normal = tirx.reinterpret("float32", sign | ((exp + _u32(127 - fmt.bias)) << _u32(23)) | (man << _u32(23 - fmt.mbits)))
@@ -101,6 +118,8 @@ def decode(byte, fmt: Float8Format):
     value = tirx.if_then_else(exp == _u32(0), subnormal, normal)
     top = _u32((1 << fmt.ebits) - 1)
     nan = tirx.const(float("nan"), "float32")
+    if not fmt.has_nan:
+        return value
     if fmt.has_inf:
         inf = tirx.reinterpret("float32", sign | _u32(0x7F800000))
         special = tirx.if_then_else(man == _u32(0), inf, nan)
