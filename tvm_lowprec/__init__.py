@@ -168,22 +168,22 @@ def compile(  # noqa: A001
     tuned = _tuned_schedules(database, spec, num_threads)
     with tvm_target, _dynamic_shapes_named(mod):
         lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math, tuned))
-    if spec.device == "cuda":
+    narrow = _narrow_outputs(mod)
+    if spec.device == "cuda":  # the device code built by nvcc here, run where TVM sees a GPU
         from .cuda.model import build_model, device_compiler
 
         with device_compiler(spec):
             executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
-    else:
-        executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
-    mode = execution_mode(spec)
-    if spec.device == "cuda":
-
-        return Compiled(executable, lowered, spec, inputs, narrow_outputs=_narrow_outputs(mod), runnable=executable if mode == "cuda" else None,
+        runnable = executable if execution_mode(spec) == "cuda" else None
+        return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, runnable=runnable,
                         cuda=build_model(executable, spec))
+    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
+    mode = execution_mode(spec)
     if emulate is True or (emulate == "auto" and mode == "emulated"):
         runnable, report = emulated_executable(lowered, executable, tvm_target)
-        return Compiled(executable, lowered, spec, inputs, narrow_outputs=_narrow_outputs(mod), num_threads=num_threads, runnable=runnable, emulation=report)
-    return Compiled(executable, lowered, spec, inputs, narrow_outputs=_narrow_outputs(mod), num_threads=num_threads,
+        return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,
+                        runnable=runnable, emulation=report)
+    return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,
                     runnable=executable if mode == "native" else None)
 
 
