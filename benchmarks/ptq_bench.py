@@ -13,6 +13,14 @@ MinMax model are written too.
     python benchmarks/ptq_bench.py                    # all three; results in benchmarks/results/ptq/
     python benchmarks/ptq_bench.py --models cnn --calibration 4
 
+``--int4`` compares weight-only 4-bit matmul weights instead (activations stay float; int4 symmetric,
+one scale per group of 128 or 32 weights along K), rounded to nearest (RTN) or by GPTQ, against
+weight-only int8 per-channel, on the transformer models (their matmuls; results in
+benchmarks/results/ptq-int4/)::
+
+    python benchmarks/ptq_bench.py --int4                       # minilm and encoder
+    python benchmarks/ptq_bench.py --int4 --models minilm --calibration 16
+
 MiniLM is fed sentence-shaped token ids: [CLS], 6 to 40 ids from the word range of its
 (bert-base-uncased) vocabulary, [SEP], then padding with a zero attention mask. No tokenizer with that
 vocabulary can be installed here (PyPI has none that ships it), so the ids are drawn, not tokenised.
@@ -42,7 +50,8 @@ from models.quantize import quantize_qdq  # noqa: E402
 from tvm_lowprec.bench.hostinfo import collect_metadata  # noqa: E402
 from tvm_lowprec.bench.providers import ort_session  # noqa: E402
 from tvm_lowprec.bench.report import json_safe, write_csv  # noqa: E402
-from tvm_lowprec.ptq import MSE, Entropy, MinMax, Percentile, QuantConfig, QuantSpec, accuracy_report, observe, quantize  # noqa: E402
+from tvm_lowprec.ptq import (GPTQ, MSE, RTN, Entropy, MinMax, PerChannel, PerGroup, Percentile, QuantConfig,  # noqa: E402
+                             QuantSpec, accuracy_report, observe, quantize)
 
 OBSERVERS = {"MinMax": MinMax(), "Percentile 99.99": Percentile(99.99), "Entropy": Entropy(), "MSE": MSE()}
 CLS, SEP, WORDS = 101, 102, (1996, 29612)  # bert-base-uncased: special tokens and its word-piece range
@@ -120,6 +129,67 @@ def bench_model(name: str, cache: Path, n_cal: int, n_held: int, out_dir: Path, 
 
 COLUMNS = ["ORT MinMax", *[f"tvm-lowprec {k}" for k in OBSERVERS], "MinMax - ORT (dB)", "best - ORT (dB)"]
 
+# --int4: weight-only configs (activations float), matmul layers only
+METHODS = {"RTN": RTN(), "GPTQ": GPTQ(), "GPTQ-shrink": GPTQ(shrink=True)}
+WEIGHT_ONLY = {
+    "int8 per-channel": QuantSpec("int8", True, PerChannel()),
+    **{f"int4 g{g} {m}": QuantSpec("int4", True, PerGroup(g), method=method) for g in (128, 32)
+       for m, method in METHODS.items()},
+}
+GAINS = [f"{m} - RTN g{g} (dB)" for g in (128, 32) for m in METHODS if m != "RTN"]
+INT4_COLUMNS = [*WEIGHT_ONLY, *GAINS]
+
+
+def bench_int4(name: str, cache: Path, n_cal: int, n_held: int, out_dir: Path, log) -> dict:
+    """Output SQNR of each :data:`WEIGHT_ONLY` config on held-out inputs (FP32 reference: ONNX Runtime),
+    from one calibration run (second moments for GPTQ); per-layer reports for the int4 g128 configs."""
+    spec = MODELS[name]
+    built = ensure_model(spec, cache)
+    cal, held = samples(spec, n_cal, CAL_SEED), samples(spec, n_held, HELD_SEED)
+    index = _output_index(built.fp32_path, spec.output)
+    fp32 = ort_session(str(built.fp32_path), 2)
+    refs = [fp32.run(None, s)[index] for s in held]
+    row = {"model": name, "description": spec.description, "calibration": n_cal, "held_out": n_held}
+    mod = tvm_lowprec.from_onnx(str(built.fp32_path), shape_dict=spec.shape_dict)
+    start = time.perf_counter()
+    obs = observe(mod, cal, progress=True, moments=True)
+    row["calibration_seconds"] = round(time.perf_counter() - start, 1)
+    for label, weights in WEIGHT_ONLY.items():
+        config = QuantConfig(activations=None, weights=weights, operators=("matmul",))
+        start = time.perf_counter()
+        qmod = quantize(mod, config=config, observations=obs, progress=False)
+        row[f"{label} quantize_seconds"] = round(time.perf_counter() - start, 1)
+        compiled = tvm_lowprec.compile(qmod, target="native")
+        row[label] = sqnr(refs, [compiled(s)[index] for s in held])
+        log(f"{name}: weight-only {label}: {row[label]:.2f} dB (quantize {row[f'{label} quantize_seconds']} s)")
+        if label.startswith("int4 g128"):
+            report = accuracy_report(mod, qmod, held, progress=False)
+            stem = out_dir / f"{name}_{label.replace(' ', '_')}_layers"
+            stem.with_suffix(".md").write_text(report.table() + "\n")
+            stem.with_suffix(".json").write_text(report.to_json(indent=1) + "\n")
+    for g in (128, 32):
+        for m in METHODS:
+            if m != "RTN":
+                row[f"{m} - RTN g{g} (dB)"] = row[f"int4 g{g} {m}"] - row[f"int4 g{g} RTN"]
+    return row
+
+
+def markdown_int4(rows: list[dict], meta: dict) -> str:
+    lines = ["# Weight-only 4-bit PTQ: output SQNR against FP32 (dB, higher is better)", "",
+             f"{meta.get('date', '')} · tvm-lowprec {tvm_lowprec.__version__} · matmul weights only, activations "
+             "float32; int4 symmetric ([-7, 7]) with one scale per group of g weights along K, rounded to nearest "
+             "(RTN) or by GPTQ (calibration inputs' x^T x per layer input; GPTQ-shrink: its off-diagonal shrunk by "
+             "the sampling noise); int8 per-channel for reference. "
+             "SQNR of the final output over held-out inputs, against ONNX Runtime FP32.", "",
+             "| model | calibration | " + " | ".join(INT4_COLUMNS) + " |", "|---|---:|" + "---:|" * len(INT4_COLUMNS)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | error: {r['error']} |")
+            continue
+        lines.append(f"| {r['model']} | {r['calibration']} | " + " | ".join(f"{r[c]:.2f}" for c in INT4_COLUMNS) + " |")
+    lines += ["", "Per-layer SQNR: `<model>_int4_g128_<method>_layers.md` / `.json`."]
+    return "\n".join(lines) + "\n"
+
 
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = ["# Post-training quantization: output SQNR against FP32 (dB, higher is better)", "",
@@ -139,27 +209,35 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="encoder,cnn,minilm")
+    parser.add_argument("--models", default=None, help="default: encoder,cnn,minilm (with --int4: minilm,encoder)")
+    parser.add_argument("--int4", action="store_true", help="weight-only int4 (RTN vs GPTQ) instead of the int8 "
+                        "observer comparison")
     parser.add_argument("--calibration", type=int, default=8, help="calibration samples (default 8)")
     parser.add_argument("--held-out", type=int, default=4, help="held-out samples (default 4)")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "ptq")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ptq (--int4: ptq-int4)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args(argv)
+    args.models = args.models or ("minilm,encoder" if args.int4 else "encoder,cnn,minilm")
+    args.out = args.out or HERE / "results" / ("ptq-int4" if args.int4 else "ptq")
     args.out.mkdir(parents=True, exist_ok=True)
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
     rows = []
+    bench = bench_int4 if args.int4 else bench_model
     for name in [n.strip() for n in args.models.split(",") if n.strip()]:
         try:
-            rows.append(bench_model(name, args.cache, args.calibration, args.held_out, args.out, log))
+            rows.append(bench(name, args.cache, args.calibration, args.held_out, args.out, log))
         except ModelUnavailable as err:
             rows.append({"model": name, "error": f"model unavailable: {err}"})
-    meta = collect_metadata(benchmark="ptq_bench", calibration=args.calibration, held_out=args.held_out)
+    meta = collect_metadata(benchmark="ptq_bench" + (" --int4" if args.int4 else ""), calibration=args.calibration,
+                            held_out=args.held_out)
     (args.out / "results.json").write_text(json.dumps(json_safe({"meta": meta, "rows": rows}), indent=1) + "\n")
-    write_csv(rows, args.out / "results.csv", ["model", *COLUMNS, "best observer", "calibration_seconds"])
-    text = markdown(rows, meta)
+    columns = (["model", "calibration", *INT4_COLUMNS, "calibration_seconds"] if args.int4
+               else ["model", *COLUMNS, "best observer", "calibration_seconds"])
+    write_csv(rows, args.out / "results.csv", columns)
+    text = markdown_int4(rows, meta) if args.int4 else markdown(rows, meta)
     (args.out / "report.md").write_text(text)
     print(text)
     return 0

@@ -44,8 +44,10 @@ def fp32_linear(shape, n, *, op="matmul", act=None, seed=0, layers=1) -> onnx.Mo
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def quantize_qdq(model: onnx.ModelProto, samples, *, per_channel=True, reduce_range=False) -> onnx.ModelProto:
-    """ONNX Runtime's ``quantize_static`` (QDQ, uint8 activations, int8 weights, MinMax)."""
+def quantize_qdq(model: onnx.ModelProto, samples, *, per_channel=True, reduce_range=False,
+                 activation_type=None) -> onnx.ModelProto:
+    """ONNX Runtime's ``quantize_static`` (QDQ, int8 weights, MinMax; uint8 activations unless
+    ``activation_type`` says otherwise, e.g. ``QuantType.QUInt16``)."""
     import tempfile
     import os
 
@@ -65,7 +67,7 @@ def quantize_qdq(model: onnx.ModelProto, samples, *, per_channel=True, reduce_ra
         onnx.save(for_ort(model), src)
         quantize_static(
             src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel, reduce_range=reduce_range,
-            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+            activation_type=activation_type or QuantType.QUInt8, weight_type=QuantType.QInt8,
         )
         return onnx.load(dst)
 

@@ -26,6 +26,7 @@ from .ptq import QuantConfig, accuracy_report, quantize
 from .tune import tune
 from .kernels import Epilogue, QGemmProblem
 from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
+from .quant.weight_only import WeightOnlyConfig
 
 __version__ = "0.1.0"
 
@@ -110,7 +111,7 @@ def _tuned_schedules(database, spec, num_threads):
 
 def compile(  # noqa: A001
     mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float", fast_math: bool = True,
-    database=None, emulate="auto",
+    database=None, emulate="auto", weight_only: WeightOnlyConfig | None = None,
 ) -> Compiled:
     """Compile a (quantized) Relax module into integer kernels for ``target``.
 
@@ -142,6 +143,10 @@ def compile(  # noqa: A001
         ``True``: emulated even where native would run (to compare the two). ``False``: never; the
         compiled model then refuses to run on a host without the instructions. ``Compiled.execution``
         says which.
+    weight_only : WeightOnlyConfig, optional
+        How weight-only layers (int4 ``MatMulNBits`` or blocked QDQ weights, float8 weights) run:
+        activations in float (default, what ONNX defines) or quantized per block to int8 on the fly
+        (``WeightOnlyConfig(activations="int8")``, as ONNX Runtime's ``accuracy_level=4``).
 
     Returns
     -------
@@ -167,7 +172,7 @@ def compile(  # noqa: A001
     _warn_dynamic(inputs)
     tuned = _tuned_schedules(database, spec, num_threads)
     with tvm_target, _dynamic_shapes_named(mod):
-        lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math, tuned))
+        lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math, tuned, weight_only))
     narrow = _narrow_outputs(mod)
     if spec.device == "cuda":  # the device code built by nvcc here, run where TVM sees a GPU
         from .cuda.model import build_model, device_compiler
@@ -201,6 +206,7 @@ __all__ = [
     "QuantizationParameterError",
     "TargetSpec",
     "UnsupportedOperatorError",
+    "WeightOnlyConfig",
     "accuracy_report",
     "compile",
     "execution_mode",

@@ -62,10 +62,10 @@ def _describe(gvar, func) -> KernelInfo:
 
 
 def _ops(attrs) -> int | None:
-    """2 x the multiply-adds of one call: a GEMM's M·N·K (times its batch), a depthwise convolution's
-    output size times its window."""
+    """2 x the multiply-adds of one call: a GEMM's M·N·K (times its batch; a 4-bit weight-only GEMM's
+    too), a depthwise convolution's output size times its window."""
     op, shape = attrs.get("lowprec.op", None), attrs.get("lowprec.shape", None)
-    if op not in ("qgemm", "qdepthwise") or shape is None:
+    if op not in ("qgemm", "qgemm16", "qdepthwise", "nbits_gemm") or shape is None:
         return None
     count = 2 * math.prod(int(s) for s in shape)
     return count * max(int(attrs.get("lowprec.batch", 0)), 1) if op == "qgemm" else count

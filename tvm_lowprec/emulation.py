@@ -79,15 +79,23 @@ def _host_is_x86_64() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
+def row_intrinsics(spec) -> tuple:
+    """Every intrinsic a CPU row's kernels may call: its GEMM recipes, its 16-bit activation recipe
+    and its 4-bit weight dot product."""
+    extra = (spec.int16, spec.nibble)
+    return (*(r.intrin for r in spec.recipes()), *(r.intrin for r in extra if r is not None))
+
+
 def known_semantics() -> dict:
     """LLVM intrinsic -> semantics, from every registered target row's intrinsics (read each time: a
-    row registered later brings its own)."""
+    row registered later brings its own), and the target intrinsics TVM's own codegen writes."""
+    from .intrin.semantics import CODEGEN_SEMANTICS
     from .targets import registered_targets
 
-    table = {}
+    table = dict(CODEGEN_SEMANTICS)
     for spec in registered_targets("cpu").values():
-        for recipe in spec.recipes():
-            table.update(recipe.intrin.emulation)
+        for intrin in row_intrinsics(spec):
+            table.update(intrin.emulation)
     return table
 
 
@@ -108,10 +116,10 @@ def execution_mode(spec) -> str:
     if qemu.is_aarch64(spec):
         return "qemu" if qemu.available() else "compile-only"
     needed = set()
-    for recipe in spec.recipes():
-        if not recipe.intrin.emulation:
+    for intrin in row_intrinsics(spec):
+        if not intrin.emulation:
             return "compile-only"
-        needed |= set(recipe.intrin.emulation)
+        needed |= set(intrin.emulation)
     return "emulated" if _host_is_x86_64() and needed <= set(known_semantics()) else "compile-only"
 
 

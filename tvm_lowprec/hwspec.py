@@ -118,7 +118,7 @@ class Tile:
 class GemmRecipe:
     """An intrinsic with the tile table tuned for it."""
 
-    intrin: GemmIntrin
+    intrin: GemmIntrin | NibbleIntrin
     tiles: tuple[Tile, ...]
 
     def __post_init__(self):
@@ -138,6 +138,25 @@ class GemmRecipe:
 
 
 @dataclass(frozen=True)
+class NibbleIntrin:
+    """A 4-bit weight dot product (:mod:`tvm_lowprec.intrin.nibble`): ``lanes`` int32 outputs, each
+    summing 8 int8 activations times 8 unsigned 4-bit weights packed in 4 bytes per lane."""
+
+    name: str
+    lanes: int
+    intrin: str  # the registered tensor intrinsic
+    vector_bits: int
+    features: tuple[str, ...] = ()
+    # LLVM intrinsic name -> its semantics (tvm_lowprec.intrin.semantics), for every target intrinsic
+    # the impl calls: what runs the row emulated (empty: rows run under qemu)
+    emulation: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.lanes * 32 != self.vector_bits:
+            raise ValueError(f"{self.name}: {self.lanes} int32 lanes do not fill {self.vector_bits} bits")
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A compilation target: the LLVM target, what the CPU must have, and the GEMM recipe."""
 
@@ -154,6 +173,12 @@ class TargetSpec:
     # the qemu-user CPU model that runs this row's code on another host (:mod:`tvm_lowprec.qemu`): one
     # with the row's features and without the next row's, so a stray instruction dies with SIGILL
     qemu_cpu: str = ""
+    # 4-bit weights (weight-only layers): a NibbleIntrin with its tiles; None where the row has no
+    # 4-bit dot product (its int4 layers then run with float activations only)
+    nibble: GemmRecipe | None = None
+    # int16 x int8 GEMMs (16-bit activations, :mod:`tvm_lowprec.kernels.qgemm16`): None where such
+    # layers stay float
+    int16: GemmRecipe | None = None
 
     device = "cpu"  # class constant (not a field): what selects the schedule rules and the lowering
     float32_requant = True  # the float32 requantization of :func:`~tvm_lowprec.kernels.qgemm.requant_f32`
@@ -172,10 +197,18 @@ class TargetSpec:
         default = GemmRecipe(self.gemm, self.tiles)  # validates the tile table
         if self.gemm.weight_pair_bound is not None:
             raise ValueError(f"{self.name}: the default intrinsic must be exact for every weight")
-        for recipe in (*self.bounded, default):
+        for recipe in (*self.bounded, default, *((self.int16,) if self.int16 is not None else ())):
             missing = set(recipe.intrin.features) - set(self.features)
             if missing:
                 raise ValueError(f"{self.name}: intrinsic {recipe.intrin.name} needs {sorted(missing)}")
+        if self.nibble is not None:
+            self._check_nibble()
+
+    def _check_nibble(self):
+        intrin = self.nibble.intrin
+        missing = set(intrin.features) - set(self.features)
+        if missing:
+            raise ValueError(f"{self.name}: 4-bit intrinsic {intrin.name} needs {sorted(missing)}")
 
     def recipes(self) -> tuple[GemmRecipe, ...]:
         """In the order they are tried; the last one accepts every weight."""
@@ -232,6 +265,7 @@ class CudaTargetSpec:
     features: tuple[str, ...] = ()  # no host CPU features: the host only launches
     bounded: tuple = ()
     qemu_cpu = ""
+    int16 = None  # no int16 x int8 GEMM: 16-bit activations stay float
     float32_requant = False  # the FMA trick is LLVM-only; GPUs requantize through float64
 
     def __post_init__(self):

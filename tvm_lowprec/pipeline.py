@@ -1,6 +1,7 @@
 """The compilation pipeline, assembled in one place from phases.
 
-1. quantize-to-integer: :func:`~tvm_lowprec.quant.qdq_to_integer.qdq_to_integer` (target-aware);
+1. weight-only layers (int4, float8 weights kept narrow: :mod:`~tvm_lowprec.quant.weight_only`);
+   quantize-to-integer: :func:`~tvm_lowprec.quant.qdq_to_integer.qdq_to_integer` (target-aware);
    then data movement kept in the integer domain (:mod:`~tvm_lowprec.quant.fold_qdq`), the
    convolutions' NHWC layout carried through the layers between them
    (:mod:`~tvm_lowprec.quant.propagate_layout`), softmax and layer norm of 8-bit tensors as 8-bit
@@ -25,6 +26,7 @@ from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
 from .quant.qdq_to_integer import rewrite_module
 from .quant.row_ops import row_ops_module
+from .quant.weight_only import weight_only_module
 from .schedule import schedule_func
 
 
@@ -54,18 +56,20 @@ def schedule_module(spec, tuned=None):
     return _pass
 
 
-def high_level(mod, spec, requant_mode: str = "float", fast_math: bool = True, tuned=None):
+def high_level(mod, spec, requant_mode: str = "float", fast_math: bool = True, tuned=None, weight_only=None):
     """Phases 1-3 (call inside the target's scope).
 
     Phase 1 runs as plain Python so that its errors (a zero scale, say) reach the caller unwrapped.
     ``fast_math`` replaces exp/tanh/erf with TVM's vectorizable polynomial forms (relative error
     about 1e-6; measured: a 128x256 softmax 2.3x faster, the quantized outputs unchanged).
     """
-    return schedule_module(spec, tuned)(fused_module(mod, spec, requant_mode, fast_math))
+    return schedule_module(spec, tuned)(fused_module(mod, spec, requant_mode, fast_math, weight_only))
 
 
-def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True):
-    """Phases 1-2: the module whose PrimFuncs are the kernels to schedule (or to tune)."""
+def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True, weight_only=None):
+    """Phases 1-2: the module whose PrimFuncs are the kernels to schedule (or to tune).
+    ``weight_only``: a :class:`~tvm_lowprec.quant.weight_only.WeightOnlyConfig` (default: float activations)."""
+    mod = weight_only_module(mod, spec, weight_only)
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
     mod = lookup_tables_module(row_ops_module(mod))
     if fast_math:

@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 _MAX_NUMBER = 1 << 20
 
@@ -60,9 +60,14 @@ def _elapsed(fn: Callable[[], object], number: int) -> float:
 
 def _calibrate(fn: Callable[[], object], min_time: float) -> int:
     """Smallest loop count whose run lasts about ``min_time`` seconds."""
+    return _calibrate_loop(wall_loop(fn), min_time)
+
+
+def _calibrate_loop(loop: Callable[[int], float], min_time: float) -> int:
+    """:func:`_calibrate` for ``loop(number) -> seconds per call`` (see :func:`measure_interleaved`)."""
     number = 1
     while True:
-        took = _elapsed(fn, number)
+        took = loop(number) * number
         if took >= min_time / 4 or number >= _MAX_NUMBER:
             break
         number *= 4
@@ -114,3 +119,51 @@ def time_callable(fn: Callable[[], object], min_time: float = 0.1, repeat: int =
     """
     timing = Timing(min_time=min_time, repeat=repeat, warmup=warmup, budget=None)
     return measure(fn, timing).seconds
+
+
+def wall_loop(fn: Callable[[], object]) -> Callable[[int], float]:
+    """``loop(number)``: seconds per call of ``number`` back-to-back calls of ``fn()``, by wall clock."""
+    return lambda number: _elapsed(fn, number) / number
+
+
+def measure_interleaved(loops: Mapping[str, Callable[[int], float]],
+                        timing: Timing = DEFAULT_TIMING) -> dict[str, Measurement]:
+    """Time several implementations of one point in interleaved rounds.
+
+    Each of ``timing.repeat`` rounds runs one inner loop of every implementation in turn, so a slow
+    phase of a shared machine hits them all alike and their ratios stay meaningful. An implementation
+    whose first call here takes ``timing.budget`` seconds or more is measured by that call alone (make
+    an untimed warm-up call before, e.g. the one whose output is checked).
+
+    Parameters
+    ----------
+    loops : mapping of str to callable
+        ``loop(number) -> seconds per call`` over ``number`` calls (:func:`wall_loop`, or a runtime's
+        own timer such as TVM's time evaluator).
+    timing : Timing
+        Loop sizes and the slow-point cut-off.
+
+    Returns
+    -------
+    dict of str to Measurement
+        In the order of ``loops``.
+
+    Examples
+    --------
+    >>> out = measure_interleaved({"a": wall_loop(lambda: None)}, Timing(min_time=1e-3, repeat=3))
+    >>> out["a"].repeat
+    3
+    """
+    first = {key: loop(1) for key, loop in loops.items()}
+    slow = {key for key, s in first.items() if timing.budget is not None and s >= timing.budget}
+    fast = {key: loop for key, loop in loops.items() if key not in slow}
+    for loop in fast.values():
+        for _ in range(timing.warmup - 1):
+            loop(1)
+    numbers = {key: _calibrate_loop(loop, timing.min_time) for key, loop in fast.items()}
+    samples: dict[str, list[float]] = {key: [] for key in fast}
+    for _ in range(timing.repeat):
+        for key, loop in fast.items():
+            samples[key].append(loop(numbers[key]))
+    return {key: Measurement(first[key], 1, 1) if key in slow else
+            Measurement(statistics.median(samples[key]), numbers[key], timing.repeat) for key in loops}

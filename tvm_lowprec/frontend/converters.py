@@ -15,6 +15,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
 from ..errors import UnsupportedOperatorError
 from .narrow_types import ROUND_TO
+from ..quant.dequantized import block_at, emit_blocked_dequantize
 
 
 def _widen(bb, x, zero_point, channel_axis_shape=None):
@@ -119,9 +120,6 @@ def _float8_first(cls, inherited):
     return convert
 
 
-def _block_at(t, index, axis: int, block: int):
-    """A blocked parameter (the input's shape, ``axis`` divided into blocks of ``block``) at ``index``."""
-    return t[tuple(i // block if d == axis else i for d, i in enumerate(index))]
 
 
 def _check_blocked(x, param, axis: int, block: int, what: str):
@@ -166,9 +164,9 @@ class QuantizeLinear(_tvm_onnx.QuantizeLinear):
 
         def compute(x, scale, *zp):
             def element(*i):
-                q = tirx.round(x[i].astype("float32") / _block_at(scale, i, axis, block).astype("float32"))
+                q = tirx.round(x[i].astype("float32") / block_at(scale, i, axis, block).astype("float32"))
                 if zp:
-                    q = q + _block_at(zp[0], i, axis, block).astype("float32")
+                    q = q + block_at(zp[0], i, axis, block).astype("float32")
                 return tirx.max(tirx.min(q, float(info.max)), float(info.min)).astype(out_dtype)
 
             return te.compute(x.shape, element, name="quantize_blocked")
@@ -251,9 +249,8 @@ class DequantizeLinear(_tvm_onnx.DequantizeLinear):
     @classmethod
     def _blocked(cls, bb, inputs, attr):
         """Blocked dequantization (opset 21): ``(x - zero_point) * scale`` per block, in float32 (the
-        scale's dtype), as ONNX's reference computes it."""
-        from tvm import te
-
+        scale's dtype), as ONNX's reference computes it; marked for the weight-only rewrite
+        (:mod:`tvm_lowprec.quant.dequantized`)."""
         x, scale = inputs[0], inputs[1]
         zp = inputs[2] if len(inputs) > 2 else None
         if _float8_of(x) is not None:
@@ -262,23 +259,13 @@ class DequantizeLinear(_tvm_onnx.DequantizeLinear):
         for name, param in (("scale", scale), ("zero point", zp)):
             if param is not None:
                 _check_blocked(x, param, axis, block, name)
-        out_dtype = str(scale.ty.dtype)
-
-        def compute(x, scale, *zp):
-            def element(*i):
-                v = x[i].astype(out_dtype)
-                if zp:
-                    v = v - _block_at(zp[0], i, axis, block).astype(out_dtype)
-                return v * _block_at(scale, i, axis, block)
-
-            return te.compute(x.shape, element, name="dequantize_blocked")
-
-        return bb.emit_te(compute, x, scale, *([zp] if zp is not None else []))
+        return emit_blocked_dequantize(bb, x, scale, zp, axis, block)
 
     @classmethod
     def _float8(cls, bb, inputs, attr):
         from tvm import te, tirx
 
+        from ..quant.dequantized import ATTR
         from ..quant.float8 import decode
 
         x = inputs[0]
@@ -300,7 +287,10 @@ class DequantizeLinear(_tvm_onnx.DequantizeLinear):
 
             return te.compute(x.shape, element, name="dequantize_float8")
 
-        return bb.emit_te(compute, x, scale, *([zp] if zp is not None else []))
+        # marked, so that the weight-only rewrite can keep a constant float8 weight narrow
+        attrs = {ATTR: {"kind": "float8", "format": fmt.name, "axis": axis % ndim if ndim else 0}}
+        return bb.emit_te(compute, x, scale, *([zp] if zp is not None else []), primfunc_attrs=attrs,
+                          primfunc_name_hint="dequantize_float8")
 
 
 EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "QuantizeLinear": QuantizeLinear,

@@ -24,8 +24,9 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from .._tvmscript import cheap_frame_inspection
-from ..hwspec import AOperand, GemmIntrin
+from ..hwspec import AOperand, GemmIntrin, NibbleIntrin
 from .dot import broadcast_impl, dot_desc, register
+from .nibble import accumulate_twice, register_nibble
 
 LANES = 4  # int32 lanes of a 128-bit Neon vector
 MMLA_ROWS, MMLA_K = 2, 8  # usmmla: a 2 x 8 by 8 x 2 product into 2 x 2 int32
@@ -123,3 +124,9 @@ with cheap_frame_inspection():
     USMMLA = _mmla_row("usmmla_v16", "llvm.aarch64.neon.usmmla.v4i32.v16i8", features=("neon", "dotprod", "i8mm"))
 
 ARM_INTRINSICS = {row.name: row for row in (SMULL, SDOT, USDOT, USMMLA)}
+
+# 4-bit weights (:mod:`.nibble`): values 0..15 are s8 values, so sdot takes them in either operand
+# and the int8 activations in the other, exact (four products of at most 15 * 128 per lane).
+NIBBLE_SDOT = NibbleIntrin("sdot_v16", LANES, register_nibble(
+    f"lowprec_sdot_v16_u4_{LANES}x8", LANES, accumulate_twice(LANES, "llvm.aarch64.neon.sdot.v4i32.v16i8")),
+    LANES * 32, ("neon", "dotprod"))

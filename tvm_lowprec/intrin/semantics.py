@@ -105,3 +105,30 @@ class DotSemantics:
             f"%r = trunc {v32} %c to {self.out_type}",
             f"ret {self.out_type} %r",
         ]
+
+
+@dataclass(frozen=True)
+class HalfToFloatSemantics:
+    """What ``@llvm.x86.avx512.mask.vcvtph2ps.512`` computes, in generic LLVM IR: TVM's x86 codegen
+    writes a float16 -> float32 cast of 16 lanes as that intrinsic when the target has AVX-512F
+    (8 lanes stay a plain ``fpext``), so the float8-weight kernel's AVX-512 builds (:mod:`tvm_lowprec.kernels.fp8_weights`) call it. Given to
+    :func:`tvm_lowprec.emulation.emulated_executable` it lets those builds run on a host without
+    AVX-512 (the conversion is exact: the rounding operand does not matter)."""
+
+    lanes: int = 16
+
+    def llvm_ir(self, name: str) -> str:
+        n = self.lanes
+        return "\n".join([
+            f"define internal <{n} x float> @{name}(<{n} x i16> %h, <{n} x float> %pass, i{n} %mask, i32 %rounding) alwaysinline {{",
+            f"  %f = bitcast <{n} x i16> %h to <{n} x half>",
+            f"  %x = fpext <{n} x half> %f to <{n} x float>",
+            f"  %m = bitcast i{n} %mask to <{n} x i1>",
+            f"  %r = select <{n} x i1> %m, <{n} x float> %x, <{n} x float> %pass",
+            f"  ret <{n} x float> %r",
+            "}", ""])
+
+
+# Target intrinsics that TVM's own codegen writes for some rows (not a tensor intrinsic's impl): part
+# of what :func:`tvm_lowprec.emulation.known_semantics` knows, so those builds run emulated too.
+CODEGEN_SEMANTICS = {"llvm.x86.avx512.mask.vcvtph2ps.512": HalfToFloatSemantics()}

@@ -141,3 +141,59 @@ with cheap_frame_inspection():
 X86_INTRINSICS = {
     row.name: row for row in (VNNI_512, VNNI_256, PMADDWD_512, PMADDWD_256, PMADDUBSW_512, PMADDUBSW_256)
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# int16 x int8 with the accumulation fused: ``vpdpwssd`` (AVX-512 VNNI): ``C[lanes] += A[2]i16 .
+# B[lanes,2]`` in one instruction (``vpmaddwd`` + ``vpaddd`` otherwise), wrapping as ``vpmaddwd`` does
+# (only 4 x -32768 pairs overflow; 8-bit weights never do). The int16 GEMM
+# (:mod:`tvm_lowprec.kernels.qgemm16`) of the AVX-512 VNNI row uses it; the desc is the ``vpmaddwd``
+# rows' own. Not in :data:`X86_INTRINSICS` (the 8-bit GEMMs' rows). No 256-bit row: LLVM splits a ymm
+# ``vpdpwssd`` into ``vpmaddwd`` + ``vpaddd`` for the AVX-VNNI (Alder Lake-class) cores.
+
+
+def _vpdpwssd_impl(lanes: int, llvm_name: str, b_dtype: str):
+    kstep, n16 = 2, lanes * 2
+    wide = b_dtype == "int16"
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((kstep,), "int16", offset_factor=1),
+        B: T.Buffer((lanes, kstep), b_dtype, offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ):
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
+            T.writes(C[0:lanes])
+            a2 = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
+            a_b = T.reinterpret(T.broadcast(a2, lanes), dtype=f"int16x{n16}")
+            b16 = B.vload([0, 0], dtype=f"int16x{n16}") if wide else T.cast(B.vload([0, 0], dtype=f"int8x{n16}"), f"int16x{n16}")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm_name), C.vload([0], dtype=f"int32x{lanes}"), a_b, b16, dtype=f"int32x{lanes}"
+            )
+
+    return impl
+
+
+def _vpdpwssd_semantics(lanes: int) -> DotSemantics:
+    """VPDPWSSD: each int32 lane += two s16 x s16 products, wrapping (the non-saturating form)."""
+    return DotSemantics(lanes, 2, 16, 32, a_ext="sext", b_ext="sext", accumulate=True)
+
+
+def _vpdpwssd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
+    names = {}
+    for b_dtype, suffix in (("int8", ""), ("int16", "_wideb")):
+        names[b_dtype] = register(
+            f"lowprec_{name}_int16{suffix}_{lanes}x2",
+            dot_desc(lanes, 2, "int16", 0, b_dtype),
+            _vpdpwssd_impl(lanes, llvm_name, b_dtype),
+        )
+    operand = AOperand(storage="int16", offset=0, intrin=names["int8"], intrin_wide_b=names["int16"])
+    return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features,
+                      emulation={llvm_name: _vpdpwssd_semantics(lanes)})
+
+
+with cheap_frame_inspection():
+    VPDPWSSD_512 = _vpdpwssd_row("vpdpwssd_zmm", 16, "llvm.x86.avx512.vpdpwssd.512", ("avx512f", "avx512bw", "avx512vnni"))
+
+X86_INT16_INTRINSICS = {row.name: row for row in (VPDPWSSD_512,)}

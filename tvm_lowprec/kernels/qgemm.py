@@ -19,7 +19,9 @@ from tvm import te, tirx
 
 from ..hwspec import TargetSpec
 
-_QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "int32": (-(2**31), 2**31 - 1)}
+_QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
+           "int32": (-(2**31), 2**31 - 1)}
+_REQUANT_DTYPES = ("uint8", "int8", "uint16", "int16")  # 16-bit: the int16 GEMM's outputs (:mod:`.qgemm16`)
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,8 @@ class Epilogue:
         if self.mode not in ("float", "fixed_point"):
             raise ValueError(f"unknown requantization mode {self.mode!r}")
         if self.kind == "requant":
-            if self.out_dtype not in ("uint8", "int8"):
-                raise ValueError(f"requantized output must be uint8 or int8, not {self.out_dtype}")
+            if self.out_dtype not in _REQUANT_DTYPES:
+                raise ValueError(f"requantized output must be one of {_REQUANT_DTYPES}, not {self.out_dtype}")
             lo, hi = _QRANGE[self.out_dtype]
             if not lo <= self.zero_point <= hi:
                 raise ValueError(f"zero point {self.zero_point} is outside {self.out_dtype}")

@@ -70,26 +70,32 @@ def normalise_sample(sample, names: list[str], index: int) -> dict[str, np.ndarr
 
 
 def calibrate(mod: tvm.IRModule, tensors: dict[str, relax.Var], samples: Iterable, *, progress: bool = True,
-              target="native") -> dict[str, TensorStats]:
-    """Run ``mod`` on every sample; statistics of each ``tensors`` entry (key: what errors call it)."""
+              target="native", collectors: dict | None = None) -> dict:
+    """Run ``mod`` on every sample; statistics of each ``tensors`` entry (key: what errors call it).
+
+    Each entry's values go to a :class:`~.observers.TensorStats`, or to the collector that
+    ``collectors`` gives for its key (anything with ``update(values)``, e.g.
+    :class:`~.observers.SecondMoments`); the collectors are returned by key. Entries may share a var."""
     import tvm_lowprec
     from tqdm.auto import tqdm
 
     keys = list(tensors)
     if not keys:
         raise CalibrationError("the model has no layer to quantize (no matmul or conv2d with constant weights)")
-    observed = with_outputs(mod, [tensors[k] for k in keys])
+    outputs = list(dict.fromkeys(tensors[k] for k in keys))  # each var returned once
+    position = {k: outputs.index(tensors[k]) for k in keys}
+    observed = with_outputs(mod, outputs)
     compiled = tvm_lowprec.compile(relax.transform.ConvertToDataflow()(observed), target=target)
     names = model_inputs(mod)
-    stats = {k: TensorStats(seed=i) for i, k in enumerate(keys)}
+    given = collectors or {}
+    stats = {k: given[k] if k in given else TensorStats(seed=i) for i, k in enumerate(keys)}
     total = len(samples) if hasattr(samples, "__len__") else None
     count = 0
     for index, sample in enumerate(tqdm(samples, total=total, desc="calibrating", disable=not progress, leave=False)):
         feed = normalise_sample(sample, names, index)
-        outputs = compiled(feed)
-        values = outputs[-len(keys):]
-        for key, value in zip(keys, values):
-            value = np.asarray(value)
+        values = [np.asarray(v) for v in compiled(feed)[-len(outputs):]]
+        for key in keys:
+            value = values[position[key]]
             if not np.all(np.isfinite(value)):
                 raise CalibrationError(f"calibration sample {index}: {key} has NaN/Inf values (the FP32 model "
                                        f"overflows or divides by zero on this input)")

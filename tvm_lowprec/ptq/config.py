@@ -7,6 +7,11 @@ uint8 asymmetric per-tensor activations, int8 symmetric per-channel weights, Min
     config = QuantConfig(activations=QuantSpec("uint8", observer=Percentile(99.99)),
                          overrides=(LayerOverride("/head/Gemm", skip=True),), target_sqnr=30.0)
     QuantConfig.from_json(config.to_json()) == config   # True
+
+Weight-only 4-bit (activations stay float; one scale per 128 weights along K, error feedback)::
+
+    QuantConfig(activations=None, weights=QuantSpec("int4", symmetric=True, granularity=PerGroup(128),
+                                                    method=GPTQ()), operators=("matmul",))
 """
 
 from __future__ import annotations
@@ -41,11 +46,10 @@ class PerChannel:
 
 @dataclass(frozen=True)
 class PerGroup:
-    """One scale per ``size`` consecutive weights along the reduction axis (block quantization).
-
-    Accepted in a config and serialised, but :func:`~tvm_lowprec.ptq.quantize` raises
-    :class:`ConfigError` for it: the integer kernels and Relax's dequantize have no blocked scales yet.
-    """
+    """One scale (and zero point) per ``size`` consecutive weights along the reduction axis K of a
+    matmul weight [K, N], for each output column (block quantization; the last group of a K that is
+    not a multiple of ``size`` is shorter). For 4-bit weights (``int4``/``uint4``) of matmul layers:
+    :func:`~tvm_lowprec.ptq.quantize` refuses it for activations, 8-bit weights and conv2d weights."""
 
     size: int = 128
 
@@ -102,12 +106,58 @@ Granularity = PerTensor | PerChannel | PerGroup
 Observer = MinMax | Percentile | Entropy | MSE
 
 
+# ---------------------------------------------------------------------------- weight rounding
+
+
+@dataclass(frozen=True)
+class RTN:
+    """Round to nearest: each weight rounded on its own with its group's (or channel's) scale."""
+
+
+@dataclass(frozen=True)
+class GPTQ:
+    """Error feedback (Frantar et al. 2022, "GPTQ"): the weights are rounded one K row at a time, and
+    each row's rounding error is spread over the rows not yet rounded, weighted by the inverse of the
+    layer input's second moments ``H = X^T X`` seen in calibration, so that the *output* error on
+    data like the calibration data is smallest. Group scales are computed when a group starts, from
+    the already-corrected weights. For matmul weights with PerGroup or PerChannel granularity.
+
+    damp: added to H's diagonal, as a fraction of its mean diagonal (keeps H invertible).
+    block: rows per lazy batch update (rounded to whole groups); only speed depends on it.
+    shrink: shrink H's off-diagonal toward 0 by the share of it that sampling noise explains (a
+    Ledoit-Wolf-style intensity from the number of calibration rows, Gaussian approximation). Plain
+    GPTQ (False) fits the calibration rows: with weakly correlated inputs and calibration rows not
+    many times K it rounds *worse* than RTN on other inputs; with ``shrink=True`` it falls back
+    towards RTN there and keeps most of its gain on correlated inputs (docs/ptq.md has numbers).
+    """
+
+    damp: float = 0.01
+    block: int = 128
+    shrink: bool = False
+
+    def __post_init__(self):
+        if not 0.0 < self.damp <= 1.0 or not isinstance(self.block, int) or self.block < 1:
+            raise ConfigError(f"GPTQ needs 0 < damp <= 1 and an integer block >= 1, got {self.damp}, {self.block!r}")
+
+
+Method = RTN | GPTQ
+
+
 # ---------------------------------------------------------------------------- specs
+
+
+# quantized dtype -> the 8-bit type that carries its values (4-bit values are stored one per byte)
+CARRIERS = {"uint8": "uint8", "int8": "int8", "uint4": "uint8", "int4": "int8"}
 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """How one kind of tensor is quantized."""
+    """How one kind of tensor is quantized.
+
+    ``int4``/``uint4`` are for weights ([-8, 7] / [0, 15]; symmetric int4 uses [-7, 7]), with PerGroup
+    or PerChannel granularity; their ``bits`` is at most 4 (the default 8 reads as the whole dtype, 4).
+    ``method`` (weights only) chooses how the weights are rounded: :class:`RTN` or :class:`GPTQ`.
+    """
 
     dtype: str = "uint8"
     symmetric: bool = False
@@ -116,12 +166,36 @@ class QuantSpec:
     # the integer range used, in bits of ``dtype`` (7: ONNX Runtime's reduce_range, [-64, 63] or [0, 127];
     # symmetric int8 leaves out the lowest value, [-63, 63])
     bits: int = 8
+    method: Method = field(default_factory=RTN)
 
     def __post_init__(self):
-        if self.dtype not in ("uint8", "int8"):
-            raise ConfigError(f"quantized dtype must be 'uint8' or 'int8', got {self.dtype!r}")
-        if not isinstance(self.bits, int) or not 2 <= self.bits <= 8:
-            raise ConfigError(f"bits must be an integer from 2 to 8 (the range within {self.dtype}), got {self.bits!r}")
+        if self.dtype not in CARRIERS:
+            raise ConfigError(f"quantized dtype must be one of {sorted(CARRIERS)}, got {self.dtype!r}")
+        width = 4 if self.dtype.endswith("4") else 8
+        if width == 4 and self.bits == 8:
+            object.__setattr__(self, "bits", 4)
+        if not isinstance(self.bits, int) or not 2 <= self.bits <= width:
+            raise ConfigError(f"bits must be an integer from 2 to {width} (the range within {self.dtype}), "
+                              f"got {self.bits!r}")
+        if width == 4 and isinstance(self.granularity, PerTensor):
+            raise ConfigError(f"{self.dtype} needs PerGroup or PerChannel granularity: one scale for a whole "
+                              f"tensor leaves 16 levels for every weight")
+        if not isinstance(self.method, (RTN, GPTQ)):
+            raise ConfigError(f"method must be RTN() or GPTQ(), got {self.method!r}")
+
+    @property
+    def carrier(self) -> str:
+        """The 8-bit dtype that holds the quantized values (int8 for int4, uint8 for uint4)."""
+        return CARRIERS[self.dtype]
+
+    def describe(self) -> str:
+        """A short label: ``"int4 sym g128 GPTQ"``, ``"uint8 per-tensor"``."""
+        g, m = self.granularity, self.method
+        full = 4 if self.dtype.endswith("4") else 8
+        parts = [self.dtype + (f"/{self.bits}b" if self.bits != full else ""), "sym" if self.symmetric else "",
+                 f"g{g.size}" if isinstance(g, PerGroup) else "per-channel" if isinstance(g, PerChannel) else "per-tensor",
+                 ("GPTQ-shrink" if m.shrink else "GPTQ") if isinstance(m, GPTQ) else ""]
+        return " ".join(p for p in parts if p)
 
 
 DEFAULT_ACTIVATIONS = QuantSpec("uint8", symmetric=False, granularity=PerTensor(), observer=MinMax())
@@ -144,12 +218,15 @@ class LayerOverride:
 class QuantConfig:
     """What :func:`~tvm_lowprec.ptq.quantize` does.
 
+    activations: ``None`` for weight-only quantization: the layers' inputs and outputs stay float (no
+    activation quantize/dequantize; calibration is skipped unless a weight method such as
+    :class:`GPTQ` needs the inputs' statistics).
     operators: which operators to quantize (``"matmul"``, ``"conv2d"``: those with constant weights).
     overrides: per-layer settings. target_sqnr: with a value (dB), layers are kept in FP32, the most
     harmful first, until the model's output SQNR against FP32 reaches it (``quantize`` says which).
     """
 
-    activations: QuantSpec = DEFAULT_ACTIVATIONS
+    activations: QuantSpec | None = DEFAULT_ACTIVATIONS
     weights: QuantSpec = DEFAULT_WEIGHTS
     operators: tuple[str, ...] = OPERATORS
     overrides: tuple[LayerOverride, ...] = ()
@@ -204,8 +281,8 @@ class QuantConfig:
         return cls.from_dict(json.loads(text))
 
 
-_TYPES = {t.__name__: t for t in (PerTensor, PerChannel, PerGroup, MinMax, Percentile, Entropy, MSE, QuantSpec,
-                                   LayerOverride, QuantConfig)}
+_TYPES = {t.__name__: t for t in (PerTensor, PerChannel, PerGroup, MinMax, Percentile, Entropy, MSE, RTN, GPTQ,
+                                   QuantSpec, LayerOverride, QuantConfig)}
 
 
 def _encode(value):

@@ -6,6 +6,11 @@ quantize/dequantize pair instead), and the layer's output (after its bias and
 activation) becomes ``dequantize(quantize(out))``. Exactly ONNX's QDQ form, so the integer rewrite
 (:mod:`tvm_lowprec.quant.qdq_to_integer`) recognises it; the float bias stays float (the rewrite folds
 it into the int32 accumulator).
+
+Blocked (per-group) and 4-bit matmul weights are written with
+:func:`tvm_lowprec.quant.dequantized.emit_blocked_dequantize` instead (Relax's dequantize has no
+blocked scales), which the weight-only rewrite (:mod:`tvm_lowprec.quant.weight_only`) recognises.
+A weight-only plan (``x`` and ``output`` None) leaves the activations float.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
+from ..quant.dequantized import emit_blocked_dequantize
 from .layers import Layer
 
 
@@ -40,13 +46,51 @@ class TensorQuant:
     def consts(self):
         return relax.const(self.scale.astype(np.float32)), relax.const(self.zero_point.astype(self.dtype))
 
+    def dequantized(self, builder, operand):
+        """A second activation operand, quantized and dequantized at run time."""
+        return builder.emit(_qdq(builder, operand, self))
+
+
+@dataclass(frozen=True)
+class ConstWeight:
+    """Constant weights quantized here (``values`` in ``quant.dtype``), dequantized by Relax's dequantize."""
+
+    values: np.ndarray
+    quant: TensorQuant
+
+    def dequantized(self, builder, operand):
+        scale, zp = self.quant.consts()
+        return builder.emit(relax.op.dequantize(relax.const(self.values), scale, zp, self.quant.axis, "float32"))
+
+
+@dataclass(frozen=True)
+class BlockedWeight:
+    """Matmul weights [K, N] with one scale (and zero point) per ``block`` rows of K and column:
+    ``values`` in an 8-bit carrier (int8 for int4, uint8 for uint4), ``scale`` float32 and
+    ``zero_point`` (carrier dtype; None for symmetric int4, whose zero point is 0) [ceil(K / block), N]."""
+
+    values: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    block: int
+
+    def dequantized(self, builder, operand):
+        zp = None if self.zero_point is None else relax.const(self.zero_point)
+        return emit_blocked_dequantize(builder, relax.const(self.values), relax.const(self.scale.astype(np.float32)),
+                                       zp, 0, self.block)
+
 
 @dataclass(frozen=True)
 class LayerPlan:
+    """What to write for one layer: ``x``/``output`` None for float activations (weight-only);
+    ``weight`` any of :class:`TensorQuant` (a run-time second operand), :class:`ConstWeight`,
+    :class:`BlockedWeight`. ``scheme``: a label for the accuracy report."""
+
     layer: Layer
-    x: TensorQuant
-    weight: TensorQuant
-    output: TensorQuant
+    x: TensorQuant | None
+    weight: TensorQuant | ConstWeight | BlockedWeight
+    output: TensorQuant | None
+    scheme: str = ""
 
 
 def _qdq(builder, expr, q: TensorQuant):
@@ -66,16 +110,10 @@ class _Inserter(relax.PyExprMutator):
         call = super().visit_call_(call)
         for plan in self.plans:
             if original.same_as(plan.layer.core):
-                x = self.builder_.emit(_qdq(self.builder_, call.args[0], plan.x))
-                w = plan.weight
-                if plan.layer.runtime_weights:  # a second activation: quantized at run time
-                    wd = self.builder_.emit(_qdq(self.builder_, call.args[1], w))
-                else:  # constant weights: quantized here, once
-                    scale, zp = w.consts()
-                    wq = relax.const(w.quantize(plan.layer.weight))
-                    wd = self.builder_.emit(relax.op.dequantize(wq, scale, zp, w.axis, "float32"))
+                x = call.args[0] if plan.x is None else self.builder_.emit(_qdq(self.builder_, call.args[0], plan.x))
+                wd = plan.weight.dequantized(self.builder_, call.args[1])
                 call = relax.Call(call.op, [x, wd], call.attrs, call.ty_args)
-            if original.same_as(plan.layer.output_call):
+            if original.same_as(plan.layer.output_call) and plan.output is not None:
                 call = _qdq(self.builder_, self.builder_.emit(call), plan.output)
         return call
 

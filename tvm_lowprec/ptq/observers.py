@@ -152,3 +152,89 @@ def qparams(lo: float, hi: float, dtype: str, symmetric: bool, bits: int = 8) ->
     if zp is None:
         zp = int(np.clip(np.rint(qmin - lo / float(scale32)), qmin, qmax))
     return scale32, zp
+
+
+# ---------------------------------------------------------------------------- many ranges at once (weight groups)
+
+
+def qparams_array(lo: np.ndarray, hi: np.ndarray, dtype: str, symmetric: bool, bits: int = 8):
+    """:func:`qparams` for arrays of ranges (one per weight group and column): float32 scales and int32
+    zero points, element for element what :func:`qparams` gives."""
+    qmin, qmax = qrange(dtype, symmetric, bits)
+    middle = (qmin + qmax + 1) // 2
+    lo = np.minimum(np.asarray(lo, np.float64), 0.0)
+    hi = np.maximum(np.asarray(hi, np.float64), 0.0)
+    scale = (2.0 * np.maximum(-lo, hi) if symmetric else hi - lo) / (qmax - qmin)
+    scale32 = scale.astype(np.float32)
+    if not np.all(np.isfinite(scale32)):
+        raise ConfigError(f"a range gives a non-finite scale (largest |value| {np.max(np.abs([lo, hi]))})")
+    empty = scale32 <= np.finfo(np.float32).tiny  # zero range: scale 1, zero exact
+    scale32 = np.where(empty, np.float32(1.0), scale32)
+    if symmetric:
+        zp = np.full(scale32.shape, middle, np.int32)
+    else:
+        zp = np.clip(np.rint(qmin - lo / scale32.astype(np.float64)), qmin, qmax).astype(np.int32)
+        zp = np.where(empty, 0, zp)
+    return scale32, zp
+
+
+def quantize_values(values: np.ndarray, scale: np.ndarray, zp: np.ndarray, limits: tuple[int, int]) -> np.ndarray:
+    """``clip(round(values / scale) + zp)`` (int32), with ``scale``/``zp`` broadcasting against ``values``."""
+    q = np.rint(np.asarray(values, np.float64) / scale.astype(np.float64)) + zp
+    return np.clip(q, *limits).astype(np.int32)
+
+
+def dequantize_values(q: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
+    """``(q - zp) * scale`` in float32, as the compiled dequantize computes it."""
+    return (q.astype(np.float32) - zp.astype(np.float32)) * scale.astype(np.float32)
+
+
+def group_range(observer, rows: np.ndarray, dtype: str, symmetric: bool, bits: int = 8):
+    """The clipping range ``observer`` picks for each column of ``rows`` ([group, N]: one weight group
+    per column), vectorised over the columns where the observer allows. Returns (lo[N], hi[N])."""
+    lo, hi = np.minimum(rows.min(axis=0), 0.0), np.maximum(rows.max(axis=0), 0.0)
+    if isinstance(observer, MinMax):
+        return lo, hi
+    if isinstance(observer, Percentile):
+        if symmetric:
+            t = np.percentile(np.abs(rows), observer.percentile, axis=0)
+            return np.maximum(lo, -t), np.minimum(hi, t)
+        return (np.minimum(np.percentile(rows, 100.0 - observer.percentile, axis=0), 0.0),
+                np.maximum(np.percentile(rows, observer.percentile, axis=0), 0.0))
+    if isinstance(observer, MSE):
+        return _group_mse_range(rows, lo, hi, observer, dtype, symmetric, bits)
+    pairs = [observed_range(observer, lo[n], hi[n], rows[:, n], dtype, symmetric, bits) for n in range(rows.shape[1])]
+    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+
+def _group_mse_range(rows, lo, hi, observer: MSE, dtype, symmetric, bits):
+    """:func:`mse_range` for every column at once: each column's shrunk range with the smallest error."""
+    limits = qrange(dtype, symmetric, bits)
+    best = np.full(rows.shape[1], np.inf)
+    best_lo, best_hi = lo.copy(), hi.copy()
+    for fraction in np.linspace(observer.min_fraction, 1.0, observer.steps):
+        scale, zp = qparams_array(lo * fraction, hi * fraction, dtype, symmetric, bits)
+        err = np.sum((dequantize_values(quantize_values(rows, scale, zp, limits), scale, zp) - rows) ** 2, axis=0)
+        better = err < best
+        best = np.where(better, err, best)
+        best_lo, best_hi = np.where(better, lo * fraction, best_lo), np.where(better, hi * fraction, best_hi)
+    return best_lo, best_hi
+
+
+class SecondMoments:
+    """Running ``sum x x^T`` over the rows of one tensor's last axis (a layer input [..., K]): K x K
+    float64, whatever the number of samples. :meth:`mean` is ``X^T X / rows``, the Hessian of the
+    layer's output squared error (up to a factor 2) that :class:`~.config.GPTQ` uses."""
+
+    def __init__(self):
+        self.sum: np.ndarray | None = None
+        self.rows = 0
+
+    def update(self, values: np.ndarray) -> None:
+        x = np.asarray(values, np.float64)
+        x = x.reshape(-1, x.shape[-1])
+        self.sum = x.T @ x if self.sum is None else self.sum + x.T @ x
+        self.rows += x.shape[0]
+
+    def mean(self) -> np.ndarray:
+        return self.sum / max(self.rows, 1)

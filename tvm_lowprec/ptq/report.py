@@ -52,6 +52,7 @@ class TensorAccuracy:
     quantized: bool
     sqnr_db: float
     cosine: float
+    scheme: str = ""  # how the layer was quantized ("W int4 sym g128 GPTQ, A float"); "" for outputs
 
 
 @dataclass
@@ -76,9 +77,10 @@ class AccuracyReport:
     def table(self) -> str:
         """A Markdown table, layers in execution order, then the outputs."""
         lines = [f"Accuracy against FP32 over {self.samples} input(s)", "",
-                 "| tensor | op | quantized | SQNR (dB) | cosine |", "|---|---|---|---:|---:|"]
+                 "| tensor | op | quantized | scheme | SQNR (dB) | cosine |", "|---|---|---|---|---:|---:|"]
         for r in self.layers + self.outputs:
-            lines.append(f"| {r.name} | {r.kind} | {'yes' if r.quantized else 'FP32'} | {r.sqnr_db:.2f} | {r.cosine:.6f} |")
+            lines.append(f"| {r.name} | {r.kind} | {'yes' if r.quantized else 'FP32'} | {r.scheme} | {r.sqnr_db:.2f} "
+                         f"| {r.cosine:.6f} |")
         lines += [""] + [f"Note: {n}" for n in self.notes] if self.notes else []
         return "\n".join(lines)
 
@@ -107,12 +109,14 @@ class AccuracyReport:
         plt.close(fig)
 
 
-def ptq_layers(qmod) -> list[tuple[str, str, str, bool]]:
-    """(layer name, op, output var name, quantized) recorded by :func:`~tvm_lowprec.ptq.quantize`."""
+def ptq_layers(qmod) -> list[tuple[str, str, str, bool, str]]:
+    """(layer name, op, output var name, quantized, scheme) recorded by :func:`~tvm_lowprec.ptq.quantize`
+    (modules recorded before the scheme was: scheme "")."""
     attrs = qmod["main"].attrs
     if attrs is None or "lowprec.ptq_layers" not in attrs:
         raise ValueError("the module was not made by tvm_lowprec.ptq.quantize (no lowprec.ptq_layers attribute)")
-    return [(str(n), str(k), str(v), bool(int(q))) for n, k, v, q in attrs["lowprec.ptq_layers"]]
+    rows = [[str(field) for field in row] for row in attrs["lowprec.ptq_layers"]]
+    return [(n, k, v, bool(int(q)), rest[0] if rest else "") for n, k, v, q, *rest in rows]
 
 
 def _observing(mod, var_names: list[str], target):
@@ -133,7 +137,7 @@ def accuracy_report(fp32_mod: tvm.IRModule, quantized_mod: tvm.IRModule, inputs,
     from tqdm.auto import tqdm
 
     layers = ptq_layers(quantized_mod)
-    var_names = [v for _, _, v, _ in layers]
+    var_names = [v for _, _, v, _, _ in layers]
     fp32 = _observing(prepare(fp32_mod), var_names, target)
     quant = _observing(relax.transform.ToNonDataflow()(quantized_mod), var_names, target)
     names = model_inputs(fp32_mod)
@@ -154,8 +158,8 @@ def accuracy_report(fp32_mod: tvm.IRModule, quantized_mod: tvm.IRModule, inputs,
     attrs = quantized_mod["main"].attrs
     notes = [str(n) for n in attrs["lowprec.ptq_notes"]] if "lowprec.ptq_notes" in attrs else []
     report = AccuracyReport(samples=count, notes=notes)
-    for (name, kind, _, quantized), acc in zip(layers, acc_layers):
-        report.layers.append(TensorAccuracy(name, kind, quantized, acc.sqnr_db, acc.cosine))
+    for (name, kind, _, quantized, scheme), acc in zip(layers, acc_layers):
+        report.layers.append(TensorAccuracy(name, kind, quantized, acc.sqnr_db, acc.cosine, scheme))
     for i, acc in enumerate(acc_outputs):
         report.outputs.append(TensorAccuracy(f"output {i}", "output", True, acc.sqnr_db, acc.cosine))
     return report

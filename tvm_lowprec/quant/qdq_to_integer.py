@@ -349,7 +349,14 @@ def _conv_transpose_matcher(call, lookup, mode: str):
     return match_requantized_conv_transpose(call, lookup, mode)
 
 
-MATCHERS = (match_requantized_linear, match_integer_linear, match_runtime_qlinear, _conv_transpose_matcher)
+def _int16_matcher(call, lookup, mode: str):
+    from .int16_linear import match_int16_linear  # 16-bit activations: the int16 x int8 GEMM
+
+    return match_int16_linear(call, lookup, mode)
+
+
+MATCHERS = (match_requantized_linear, match_integer_linear, match_runtime_qlinear, _conv_transpose_matcher,
+            _int16_matcher)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,14 +8,18 @@ from .cuda import CudaPackBRule, CudaQGemmRule
 from .depthwise import DepthwiseRule
 from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
+from .fp8_weights import Fp8WeightsRule
+from .nbits import NbitsGemmRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
+from .qgemm16 import QGemm16Rule
 from .rows import RowOpRule
 from .strided import StridedReductionRule
 from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
-DEFAULT_RULES = (QGemmRule(), PackBRule(), Im2colRule(), Col2imRule(), RowOpRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(),
-                 StridedReductionRule(),                  DlightRule(_dlight_cpu.Reduction()))
+DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), PackBRule(), Im2colRule(), Col2imRule(),
+                 RowOpRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
+                 DlightRule(_dlight_cpu.Reduction()))
 
 
 # GPU rows: the mma GEMM, then TVM's dlight GPU rules (the fallback accepts anything it can bind)
@@ -35,5 +39,6 @@ def schedule_func(func, spec, rules=None):
     return None
 
 
-__all__ = ["CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "RULES", "DepthwiseRule", "DlightRule", "ElementwiseRule", "Im2colRule", "PackBRule", "QGemmRule", "RowOpRule",
-           "StridedReductionRule", "WindowReductionRule", "schedule_func"]
+__all__ = ["CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
+           "ElementwiseRule", "Fp8WeightsRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
+           "RULES", "RowOpRule", "StridedReductionRule", "WindowReductionRule", "schedule_func"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from typing import Mapping
 
@@ -74,16 +76,9 @@ def native_target() -> TargetSpec:
 
             cpu = tvm.target.codegen.llvm_get_system_cpu()
             llvm = {"kind": "llvm", "mcpu": cpu}
-            return TargetSpec(
-                name=f"native({spec.name})",
-                llvm=llvm,
-                features=spec.features,
-                gemm=spec.gemm,
-                tiles=spec.tiles,
-                bounded=spec.bounded,
-                description=f"this host ({cpu}) via {spec.name}",
-                base=spec.name,
-            )
+            # every row field carried over (a new field reaches ``native`` without an edit here)
+            return dataclasses.replace(spec, name=f"native({spec.name})", llvm=llvm, aliases=(),
+                                       description=f"this host ({cpu}) via {spec.name}", base=spec.name)
     raise RuntimeError(
         "no registered target fits this CPU (need at least AVX2); host flags: "
         + " ".join(sorted(host_features()))
@@ -121,15 +116,8 @@ def _spec_from_tvm_target(target) -> TargetSpec:
     features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
     for spec in registered_targets("cpu").values():
         if set(spec.features) <= features:
-            return TargetSpec(
-                name=f"{spec.name}@{target.attrs.get('mcpu', 'generic')}",
-                llvm=dict(target.export()),
-                features=spec.features,
-                gemm=spec.gemm,
-                tiles=spec.tiles,
-                bounded=spec.bounded,
-                description=f"user target via {spec.name}",
-            )
+            return dataclasses.replace(spec, name=f"{spec.name}@{target.attrs.get('mcpu', 'generic')}",
+                                       llvm=dict(target.export()), aliases=(), description=f"user target via {spec.name}")
     raise ValueError(f"target {target} has none of the instruction sets tvm-lowprec needs (at least AVX2)")
 
 

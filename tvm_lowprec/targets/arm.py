@@ -8,10 +8,13 @@ No Arm host is at hand: the tiles were chosen with the static model (:mod:`tvm_l
 ``benchmarks/predict_tiles.py`` -> ``benchmarks/results/predicted/tiles.md``). LLVM 14's llvm-mca has
 no Neoverse model (its ``neoverse-v1``/``neoverse-n2`` are the Cortex-A57 model); LLVM 19's
 (``llvm-mca-19``, Debian package ``llvm-19``) has both, and the percentages below quote it first.
+
+No row has an int16 x int8 recipe (``TargetSpec.int16`` is None): layers with 16-bit activations stay
+on the float path here (``smlal`` by lane would be the instruction; not done).
 """
 
-from ..hwspec import TargetSpec, Tile
-from ..intrin.arm import SDOT, SMULL, USMMLA
+from ..hwspec import GemmRecipe, TargetSpec, Tile
+from ..intrin.arm import NIBBLE_SDOT, SDOT, SMULL, USMMLA
 
 _AARCH64 = "aarch64-linux-gnu"
 
@@ -58,6 +61,13 @@ def _llvm(*features: str) -> dict:
     return {"kind": "llvm", "mtriple": _AARCH64, "mattr": [f"+{f}" for f in features]}
 
 
+# 4-bit weights (tvm_lowprec.kernels.nbits), 4 lanes per vector: 16 sdot chains per task, as the
+# 8-bit GEMV; two rows share each unpacked weight vector. Not measured on hardware (qemu checks results).
+_NIBBLE_TILES = (
+    Tile(1, mr=1, nr=16, why="GEMV: 16 accumulators, one contiguous weight stream per task, as _DOT_TILES"),
+    Tile(2, mr=2, nr=8, why="16 accumulators; two rows share each weight vector's unpacking"),
+)
+
 ARM_TARGETS = (
     TargetSpec(
         name="arm64-i8mm",
@@ -65,6 +75,7 @@ ARM_TARGETS = (
         features=("neon", "dotprod", "i8mm"),
         gemm=USMMLA,
         tiles=_MMLA_TILES,
+        nibble=GemmRecipe(NIBBLE_SDOT, _NIBBLE_TILES),
         description="Armv8.6 i8mm (Graviton3/4, Neoverse V1/V2/N2, Cortex-A710 and later): usmmla 2x8x2, "
                     "u8 x s8 natively",
         qemu_cpu="max",
@@ -76,6 +87,7 @@ ARM_TARGETS = (
         features=("neon", "dotprod"),
         gemm=SDOT,
         tiles=_DOT_TILES,
+        nibble=GemmRecipe(NIBBLE_SDOT, _NIBBLE_TILES),
         description="Armv8.2 dot product (Cortex-A55/A76/A78, Neoverse N1, Graviton2, Raspberry Pi 5): sdot, "
                     "u8 activations shifted to s8",
         qemu_cpu="cortex-a76",  # dotprod, no i8mm

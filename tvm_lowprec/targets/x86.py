@@ -1,7 +1,8 @@
 """x86 targets. One row per instruction set; tiles say why their numbers are what they are."""
 
 from ..hwspec import GemmRecipe, TargetSpec, Tile
-from ..intrin.x86 import PMADDUBSW_256, PMADDUBSW_512, PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_512
+from ..intrin.x86 import PMADDUBSW_256, PMADDUBSW_512, PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_512, VPDPWSSD_512
+from ..intrin.x86_nibble import NIBBLE_UBSW_256, NIBBLE_UBSW_512, NIBBLE_VNNI_256, NIBBLE_VNNI_512
 
 # vpdpbusd zmm issues 2 per cycle with ~4-5 cycle latency: 12+ independent accumulators reach peak
 # (measured on Zen 5), and the u8 operand cannot use a {1to16} memory broadcast, so several column
@@ -61,13 +62,41 @@ _UBSW_ZMM_TILES = (
     Tile(6, mr=6, nr=3, why="18 accumulators + 3 B + 3 = 24 of 32 zmm"),
 )
 
+# int16 x int8 (16-bit activations, kernels/qgemm16). Rows without VNNI: the same vpmaddwd recipes as
+# their 8-bit GEMMs, whose activations are widened to int16 anyway (same instruction, registers, tiles).
+_INT16_ZMM = GemmRecipe(PMADDWD_512, _MADD_ZMM_TILES)
+_INT16_YMM = GemmRecipe(PMADDWD_256, _MADD_YMM_TILES)
+# AVX-512 VNNI: vpdpwssd accumulates in place as vpdpbusd does (no temporary), so vpdpbusd zmm's register
+# budgets, int16 weights (widened at pack time) read straight from memory. Not measured: no VNNI host was
+# at hand (checked by emulated execution). LLVM's machine combiner splits vpdpwssd back into vpmaddwd +
+# vpaddd where its model of the CPU finds that faster (a native build on Sapphire Rapids shows vpmaddwd zmm
+# in register tiles; on Zen 4 it keeps vpdpwssd). The AVX-VNNI row keeps vpmaddwd ymm: LLVM splits a ymm
+# vpdpwssd for the Alder Lake-class cores that row stands for.
+_DPWSSD_ZMM_TILES = (
+    Tile(1, mr=1, nr=8, why="GEMV: int8 weights widened in the loop (half the bytes of int16 weights)"),
+    Tile(2, mr=2, nr=8, wide_b=True, why="16 accumulators, two rows share each B vector"),
+    Tile(4, mr=4, nr=4, wide_b=True, why="16 accumulators, one broadcast feeds 4 instructions (vpdpbusd zmm's 4x4)"),
+)
+_INT16_VNNI_ZMM = GemmRecipe(VPDPWSSD_512, _DPWSSD_ZMM_TILES)
+
+# 4-bit weights (tvm_lowprec.kernels.nbits): one K block of nr lane vectors per task, the packed
+# bytes streamed once. Measured on Zen 3 (ymm, 4096x4096, block 32, 2 threads, noisy host: best of
+# runs): GEMV int8 activations 1x8 0.37 ms vs 1x4 0.61-1.2 ms; M = 16: 2x4 4.5 ms, 1x8 6.2, 4x2 6.3,
+# 4x3 9.2 (int8); float activations 4x2 17 ms vs 1x8 24 (each byte vector widened once per tile).
+_NIBBLE_TILES = (
+    Tile(1, mr=1, nr=8, why="GEMV: 8 accumulators, one contiguous weight stream per task"),
+    Tile(2, mr=2, nr=4, why="two rows share each weight vector's unpacking (M=16: 4.5 ms vs 6.2 ms at 1x8)"),
+)
+
 X86_TARGETS = (
     TargetSpec(
         name="x86-avx512-vnni",
         llvm={"kind": "llvm", "mcpu": "znver4"},
         features=("avx2", "avx512f", "avx512bw", "avx512vnni"),
         gemm=VNNI_512,
+        nibble=GemmRecipe(NIBBLE_VNNI_512, _NIBBLE_TILES),
         tiles=_VNNI_ZMM_TILES,
+        int16=_INT16_VNNI_ZMM,
         description="AVX-512 VNNI (Cascade Lake and later, Zen 4/5): vpdpbusd zmm",
         aliases=("avx512-vnni", "vnni"),
     ),
@@ -76,7 +105,9 @@ X86_TARGETS = (
         llvm={"kind": "llvm", "mcpu": "alderlake"},
         features=("avx2", "avxvnni"),
         gemm=VNNI_256,
+        nibble=GemmRecipe(NIBBLE_VNNI_256, _NIBBLE_TILES),
         tiles=_VNNI_YMM_TILES,
+        int16=_INT16_YMM,
         description="AVX-VNNI without AVX-512 (Alder Lake and later client cores): {vex} vpdpbusd ymm",
     ),
     TargetSpec(
@@ -84,7 +115,9 @@ X86_TARGETS = (
         llvm={"kind": "llvm", "mcpu": "skylake-avx512"},
         features=("avx2", "avx512f", "avx512bw"),
         gemm=PMADDWD_512,
+        nibble=GemmRecipe(NIBBLE_UBSW_512, _NIBBLE_TILES),
         tiles=_MADD_ZMM_TILES,
+        int16=_INT16_ZMM,
         bounded=(GemmRecipe(PMADDUBSW_512, _UBSW_ZMM_TILES),),
         description="AVX-512BW without VNNI: exact int16 vpmaddwd zmm; vpmaddubsw only for weights proven not to saturate",
     ),
@@ -93,7 +126,9 @@ X86_TARGETS = (
         llvm={"kind": "llvm", "mcpu": "haswell"},
         features=("avx2",),
         gemm=PMADDWD_256,
+        nibble=GemmRecipe(NIBBLE_UBSW_256, _NIBBLE_TILES),
         tiles=_MADD_YMM_TILES,
+        int16=_INT16_YMM,
         bounded=(GemmRecipe(PMADDUBSW_256, _UBSW_YMM_TILES),),
         description="AVX2: exact int16 vpmaddwd ymm; vpmaddubsw only for weights proven not to saturate",
     ),

@@ -1,0 +1,76 @@
+"""Weight-only emitter for blocked 4-bit weights: ``matmul(x, DQ(q, scale, zp, axis=0, block))`` ==>
+the 4-bit kernel of :mod:`tvm_lowprec.kernels.nbits` (see :mod:`.weight_only` for the pass).
+
+Takes weights ``[K, N]`` blocked along K (``MatMulNBits``; a blocked QDQ MatMul) whose values are
+4-bit: ``uint4`` (0..15) as they are, ``int4`` (-8..7) shifted by 8 with their zero points. Declines
+(the matmul stays float, exact) 8-bit blocked weights, blocks along N, block sizes that are not a
+multiple of 8 and GPU rows. ``int8`` activations need the row's 4-bit dot product
+(``TargetSpec.nibble``); a row without one runs the float path and says so.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from tvm import relax
+
+from ..kernels.nbits import NbitsProblem, build_nbits_gemm, pack_block_params, pack_nibbles
+from .dequantized import DequantizedConst
+
+
+def unsigned_nibbles(dq: DequantizedConst):
+    """``(q[N, K], zero_point[N, Kb])`` as unsigned 4-bit values (int4 shifted by 8), or None when
+    the weights are not 4-bit."""
+    values = dq.values.astype(np.int32)
+    lo, hi = int(values.min(initial=0)), int(values.max(initial=0))
+    zp = dq.zero_point.astype(np.int32) if dq.zero_point is not None else np.zeros(dq.scale.shape, np.int32)
+    if lo >= 0 and hi <= 15 and np.issubdtype(dq.values.dtype, np.unsignedinteger):
+        shift = 0
+    elif lo >= -8 and hi <= 7 and np.issubdtype(dq.values.dtype, np.signedinteger):
+        shift = 8
+    else:
+        return None
+    return (values + shift).T.astype(np.uint8), (zp + shift).T.astype(np.float32)
+
+
+def _problem(m: int, n: int, k: int, block: int, spec, activations: str) -> NbitsProblem:
+    recipe = spec.nibble
+    if activations == "int8" and recipe is None:
+        warnings.warn(f"{spec.name} has no 4-bit dot product: int4 layers run with float activations",
+                      stacklevel=4)
+        activations = "float"
+    lanes = recipe.intrin.lanes if recipe is not None else spec.gemm.vector_bits // 32
+    tile = recipe.tile_for(m) if recipe is not None else None
+    mr, nr = (tile.mr, tile.nr) if tile is not None else (1, 4)
+    intrin = recipe.intrin.intrin if activations == "int8" else None
+    return NbitsProblem(m, n, k, block, lanes, activations, intrin, mr=mr, nr=nr)
+
+
+def emit_int4(builder, x, dq: DequantizedConst, spec, config):
+    if getattr(spec, "device", "cpu") != "cpu" or dq.axis != 0 or dq.values.ndim != 2 or dq.block % 8:
+        return None
+    if str(dq.scale.dtype) != "float32":
+        return None
+    nibbles = unsigned_nibbles(dq)
+    x_shape = [int(d) for d in x.ty.shape] if all(hasattr(d, "value") for d in x.ty.shape) else None
+    if nibbles is None or x_shape is None:
+        return None
+    q, zero_point = nibbles
+    k, n = dq.values.shape
+    if x_shape[-1] != k:
+        return None
+    lead = x_shape[:-1]
+    m = math.prod(lead) if lead else 1
+    p = _problem(m, n, k, dq.block, spec, config.activations)
+    scale, scaled_zp = pack_block_params(dq.scale.T.astype(np.float32), zero_point, p)
+    name = f"nbits_gemm_{p.activations}_{m}x{n}x{k}_b{dq.block}"
+    gvar = builder.add_func(build_nbits_gemm(p, name).with_attr("op_pattern", 8), name)
+    x2 = builder.emit(relax.op.reshape(x, (m, k)))
+    args = [x2, relax.const(pack_nibbles(q, p)), relax.const(scale), relax.const(scaled_zp)]
+    y = builder.emit(relax.call_tir(gvar, args, relax.TensorType(p.out_shape, "float32")))
+    y = builder.emit(relax.op.reshape(y, (p.m_padded, p.n_padded)))
+    if (p.m_padded, p.n_padded) != (m, n):
+        y = builder.emit(relax.op.strided_slice(y, axes=[0, 1], begin=[0, 0], end=[m, n]))
+    return builder.emit(relax.op.reshape(y, (*lead, n))) if lead != [m] else y

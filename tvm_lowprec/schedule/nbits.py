@@ -1,0 +1,91 @@
+"""Schedule rule for the 4-bit weight-only GEMM of :func:`tvm_lowprec.kernels.nbits.build_nbits_gemm`.
+
+Loop nest (a tile of ``mr`` rows x ``nr`` lane vectors, from the row's ``nibble`` tile table; one
+K block at a time)::
+
+    prologue: per (row, block) in parallel: the activations' block sums (and for int8, max|x| and
+              the quantized bytes), vectorized
+    for task in parallel(N / (lanes * nr)):          # one contiguous stream of packed weights per task
+      for mo in M / mr:
+        Y[mo, task] = 0
+        for b in K / block:                           # one block's bytes, scales, zero points
+          acc[mr, nr, lanes] = 0
+          for g in block / 8:
+            int8:  for mi, t in unroll(mr, nr): <4-bit dot product>(acc[mi, t], a[mi, b, g], W[task, b, g, t])
+            float: for j, h in unroll(4, 2): for mi, t in unroll(mr, nr): acc[mi, t] += x * float(nibble(W))
+          Y[mo, task] += block scales x acc           # vectorized over lanes
+
+The float path loads and widens each byte vector once for the mr rows of the tile (LLVM shares the
+unrolled loads); the int8 path unpacks inside the intrinsic, and LLVM shares those too.
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+
+from .blocks import find_block
+
+
+def _is_nbits(func) -> bool:
+    return func.attrs is not None and func.attrs.get("lowprec.op", None) == "nbits_gemm"
+
+
+class NbitsGemmRule:
+    """Declines anything that is not a lowprec nbits_gemm PrimFunc."""
+
+    def apply(self, func, spec):
+        if not _is_nbits(func):
+            return None
+        mr = int(func.attrs["lowprec.tile"][0])
+        int8 = str(func.attrs["lowprec.weight_only"]).endswith("/int8")
+        sch = Schedule(func)
+        _prologue(sch)
+        _gemm(sch, mr, str(func.attrs["lowprec.intrin"]) if int8 else None)
+        return sch
+
+
+# Step 1. The activations' per-block statistics: parallel over (row, block), inner loops vectorized.
+def _prologue(sch):
+    scale = find_block(sch, "x_scale")
+    if scale is not None:
+        sch.compute_inline(scale)
+    for name in ("x_amax", "x_quant", "x_sum"):
+        block = find_block(sch, name)
+        if block is None:
+            continue
+        loops = sch.get_loops(block)
+        sch.parallel(sch.fuse(loops[0], loops[1]))
+        if name == "x_quant":
+            sch.vectorize(sch.fuse(loops[3], loops[4]))
+
+
+# Step 2. Tasks in parallel, row tiles of mr, the block's partial sums computed under the block loop.
+def _gemm(sch, mr: int, intrin: str | None):
+    y = sch.get_sblock("Y")
+    m, task, v, lane, b = sch.get_loops(y)
+    mo, mi = sch.split(m, [None, mr])
+    sch.reorder(task, mo, b, mi, v, lane)
+    sch.parallel(task)
+    acc = sch.get_sblock("acc")
+    sch.compute_at(acc, b, preserve_unit_loops=True)
+    am, _, _, av, al, g, h, j = sch.get_loops(acc)[-8:]
+    if intrin is not None:  # one call per (row, vector): 8 k of L lanes
+        sch.reorder(g, am, av, al, h, j)
+    else:  # each byte vector loaded and widened once, for every row of the tile
+        sch.reorder(g, j, h, am, av, al)
+        sch.vectorize(al)
+        for loop in (j, h):
+            sch.unroll(loop)
+    sch.unroll(am)
+    sch.unroll(av)
+    y_m, y_v, y_l = sch.get_loops(y)[-3:]
+    sch.vectorize(y_l)
+    sch.unroll(y_v)
+    sch.unroll(y_m)
+    sch.decompose_reduction(acc, g)
+    if intrin is not None:
+        sch.tensorize(al, intrin)
+    init = sch.get_sblock("acc_init")
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.decompose_reduction(y, b)
+    sch.vectorize(sch.get_loops(sch.get_sblock("Y_init"))[-1])
