@@ -27,7 +27,8 @@ setup(
         # (sympy: ONNX Runtime's quant_pre_process, which builds the benchmark models, imports it)
         # cuobjdump + nvdisasm (NVIDIA's wheels, no GPU needed): the tests read the SASS of every cubin
         # onnx-ir: ONNX Runtime's MatMulNBitsQuantizer imports it (the INT4 tests quantize with it)
-        "test": ["pytest", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy", "ml_dtypes", "onnx-ir",
+        # pytest-xdist: the README's test command runs the suite on two processes (CI's 2 cores)
+        "test": ["pytest", "pytest-xdist", "onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy", "ml_dtypes", "onnx-ir",
                  "nvidia-cuda-cuobjdump; platform_system == 'Linux' and platform_machine == 'x86_64'",
                  "nvidia-cuda-nvdisasm; platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy"],

@@ -144,7 +144,7 @@ class NibbleIntrin:
 
     name: str
     lanes: int
-    intrin: str  # the registered tensor intrinsic
+    intrins: Mapping[int, str]  # groups of 8 weights per call -> the registered tensor intrinsic
     vector_bits: int
     features: tuple[str, ...] = ()
     # LLVM intrinsic name -> its semantics (tvm_lowprec.intrin.semantics), for every target intrinsic
@@ -154,6 +154,12 @@ class NibbleIntrin:
     def __post_init__(self):
         if self.lanes * 32 != self.vector_bits:
             raise ValueError(f"{self.name}: {self.lanes} int32 lanes do not fill {self.vector_bits} bits")
+        if 1 not in self.intrins:
+            raise ValueError(f"{self.name}: no intrinsic for one group of 8 weights")
+
+    def groups_for(self, block: int) -> int:
+        """The most groups of 8 weights one call takes that divide a K block of ``block``."""
+        return max(g for g in self.intrins if (block // 8) % g == 0)
 
 
 @dataclass(frozen=True)

@@ -128,5 +128,5 @@ ARM_INTRINSICS = {row.name: row for row in (SMULL, SDOT, USDOT, USMMLA)}
 # 4-bit weights (:mod:`.nibble`): values 0..15 are s8 values, so sdot takes them in either operand
 # and the int8 activations in the other, exact (four products of at most 15 * 128 per lane).
 NIBBLE_SDOT = NibbleIntrin("sdot_v16", LANES, register_nibble(
-    f"lowprec_sdot_v16_u4_{LANES}x8", LANES, accumulate_twice(LANES, "llvm.aarch64.neon.sdot.v4i32.v16i8")),
+    "lowprec_sdot_v16_u4", LANES, accumulate_twice(LANES, "llvm.aarch64.neon.sdot.v4i32.v16i8")),
     LANES * 32, ("neon", "dotprod"))

@@ -43,7 +43,9 @@ def _pmaddubsw(lanes: int, llvm_ubsw: str, llvm_wd: str):
     return product
 
 
-def _pmaddwd_impl(lanes: int, llvm_name: str, b_dtype: str):
+def _int16_pairs_impl(lanes: int, b_dtype: str, combine):
+    """Two int16 activations broadcast to every lane against ``[lanes, 2]`` weights (int8 widened here,
+    or int16 as packed): ``C = combine(C, a, b)`` on the int16 vectors."""
     kstep, n16 = 2, lanes * 2
     wide = b_dtype == "int16"
 
@@ -59,14 +61,14 @@ def _pmaddwd_impl(lanes: int, llvm_name: str, b_dtype: str):
             a2 = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
             a_b = T.reinterpret(T.broadcast(a2, lanes), dtype=f"int16x{n16}")
             b16 = B.vload([0, 0], dtype=f"int16x{n16}") if wide else T.cast(B.vload([0, 0], dtype=f"int8x{n16}"), f"int16x{n16}")
-            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(llvm_name),
-                a_b,
-                b16,
-                dtype=f"int32x{lanes}",
-            )
+            C[T.ramp(T.int32(0), 1, lanes)] = combine(C.vload([0], dtype=f"int32x{lanes}"), a_b, b16)
 
     return impl
+
+
+def _pmaddwd_impl(lanes: int, llvm_name: str, b_dtype: str):
+    """``vpmaddwd``, then ``vpaddd`` into the accumulator."""
+    return _int16_pairs_impl(lanes, b_dtype, lambda c, a, b: c + tirx.call_llvm_pure_intrin(f"int32x{lanes}", llvm_name, a, b))
 
 
 # The instructions' documented semantics (Intel SDM), for emulated execution on hosts without them.
@@ -153,26 +155,8 @@ X86_INTRINSICS = {
 
 
 def _vpdpwssd_impl(lanes: int, llvm_name: str, b_dtype: str):
-    kstep, n16 = 2, lanes * 2
-    wide = b_dtype == "int16"
-
-    @T.prim_func(s_tir=True)
-    def impl(
-        A: T.Buffer((kstep,), "int16", offset_factor=1),
-        B: T.Buffer((lanes, kstep), b_dtype, offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1),
-    ):
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:kstep], B[0:lanes, 0:kstep])
-            T.writes(C[0:lanes])
-            a2 = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
-            a_b = T.reinterpret(T.broadcast(a2, lanes), dtype=f"int16x{n16}")
-            b16 = B.vload([0, 0], dtype=f"int16x{n16}") if wide else T.cast(B.vload([0, 0], dtype=f"int8x{n16}"), f"int16x{n16}")
-            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(llvm_name), C.vload([0], dtype=f"int32x{lanes}"), a_b, b16, dtype=f"int32x{lanes}"
-            )
-
-    return impl
+    """``vpdpwssd``: the products and the accumulation in one instruction."""
+    return _int16_pairs_impl(lanes, b_dtype, lambda c, a, b: tirx.call_llvm_pure_intrin(f"int32x{lanes}", llvm_name, c, a, b))
 
 
 def _vpdpwssd_semantics(lanes: int) -> DotSemantics:

@@ -12,12 +12,12 @@ from .x86 import _pmaddubsw_semantics, _pmaddwd_semantics, _vpdpbusd_semantics
 
 
 def _vnni(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> NibbleIntrin:
-    intrin = register_nibble(f"lowprec_{name}_u4_{lanes}x8", lanes, accumulate_twice(lanes, llvm_name))
+    intrin = register_nibble(f"lowprec_{name}_u4", lanes, accumulate_twice(lanes, llvm_name))
     return NibbleIntrin(name, lanes, intrin, lanes * 32, features, {llvm_name: _vpdpbusd_semantics(lanes)})
 
 
 def _ubsw(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features: tuple[str, ...]) -> NibbleIntrin:
-    intrin = register_nibble(f"lowprec_{name}_u4_{lanes}x8", lanes, pmaddubsw_product(lanes, llvm_ubsw, llvm_wd))
+    intrin = register_nibble(f"lowprec_{name}_u4", lanes, pmaddubsw_product(lanes, llvm_ubsw, llvm_wd))
     emulation = {llvm_ubsw: _pmaddubsw_semantics(lanes * 2), llvm_wd: _pmaddwd_semantics(lanes)}
     return NibbleIntrin(name, lanes, intrin, lanes * 32, features, emulation)
 

@@ -11,12 +11,12 @@
   row's 4-bit dot product (:mod:`tvm_lowprec.intrin.nibble`), and ``Y += sa s (P - z sum_k a_k)``.
 
 Layouts (``L`` = the instruction's lanes, ``nr`` lane vectors per task, ``T = N / (nr L)`` tasks,
-``G = block / 8``): the weights are packed at compile time as ``[T, K/block, G, nr, L, 4]`` bytes
-for the dot product (byte ``[l, j]``: ``k = 8g + j`` low, ``k = 8g + 4 + j`` high) or
-``[T, K/block, G, 4, nr, L]`` for the float path (``L`` consecutive columns per byte vector): each
-task reads one contiguous stream. Scales and ``s * z`` are ``[T, K/block, nr, L]`` float32. K is
-padded to whole blocks with zero activations, N to whole tasks with zero scales, M to whole row
-tiles with zero rows (the caller slices).
+``G = block / 8``): the weights are packed at compile time as ``[T, K/block, nr, G, L, 4]`` bytes
+for the dot product (byte ``[l, j]``: ``k = 8g + j`` low, ``k = 8g + 4 + j`` high; one call takes
+consecutive groups of one vector) or ``[T, K/block, G, 4, nr, L]`` for the float path (``L``
+consecutive columns per byte vector): each task reads one contiguous stream. Scales and ``s * z``
+are ``[T, K/block, nr, L]`` float32. K is padded to whole blocks with zero activations, N to whole
+tasks with zero scales, M to whole row tiles with zero rows (the caller slices).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class NbitsProblem:
     intrin: str | None = None  # the 4-bit dot product (activations="int8")
     mr: int = 1  # rows per tile: each weight vector loaded (and widened) once for mr rows
     nr: int = 4  # lane vectors per task: mr * nr independent accumulators
+    call_groups: int = 1  # groups of 8 weights per intrinsic call (int8 activations)
 
     def __post_init__(self):
         if self.activations not in ACTIVATIONS:
@@ -51,6 +52,8 @@ class NbitsProblem:
             raise LowPrecError(f"4-bit kernel: block size {self.block} is not a multiple of 8")
         if self.activations == "int8" and self.intrin is None:
             raise LowPrecError("4-bit kernel: int8 activations need the row's 4-bit dot product")
+        if self.groups % self.call_groups:
+            raise LowPrecError(f"4-bit kernel: {self.call_groups} groups per call do not divide the block's {self.groups}")
 
     @property
     def k_blocks(self) -> int:
@@ -81,7 +84,7 @@ class NbitsProblem:
     @property
     def packed_shape(self) -> tuple[int, ...]:
         t, kb, g, nr, L = self.tasks, self.k_blocks, self.groups, self.nr, self.lanes
-        return (t, kb, g, nr, L, 4) if self.lane_major else (t, kb, g, 4, nr, L)
+        return (t, kb, nr, g, L, 4) if self.lane_major else (t, kb, g, 4, nr, L)
 
     @property
     def param_shape(self) -> tuple[int, ...]:
@@ -107,7 +110,7 @@ def pack_nibbles(q: np.ndarray, problem: NbitsProblem) -> np.ndarray:
     full[: p.n, : p.k] = q
     v = full.reshape(p.tasks, p.nr, p.lanes, p.k_blocks, p.groups, 2, 4)
     byte = v[..., 0, :] | (v[..., 1, :] << 4)  # [T, nr, L, Kb, G, 4]
-    order = (0, 3, 4, 1, 2, 5) if p.lane_major else (0, 3, 4, 5, 1, 2)
+    order = (0, 3, 1, 4, 2, 5) if p.lane_major else (0, 3, 4, 5, 1, 2)
     return np.ascontiguousarray(byte.transpose(order))
 
 
@@ -166,7 +169,7 @@ def _partial_sums(X, Wp, p: NbitsProblem):
     if p.lane_major:
         qa, a_scale, a_sum = _quantized_rows(x, p)
         acc = te.compute(shape, lambda m, t, b, v, l: te.sum(
-            qa[m, b, g, h, j].astype("int32") * nibble(Wp[t, b, g, v, l, j], h).astype("int32"), axis=[g, h, j]),
+            qa[m, b, g, h, j].astype("int32") * nibble(Wp[t, b, v, g, l, j], h).astype("int32"), axis=[g, h, j]),
             name="acc")
         return acc, a_scale, a_sum
     g2, h2, j2 = te.reduce_axis((0, p.groups), "g"), te.reduce_axis((0, 2), "h"), te.reduce_axis((0, 4), "j")
@@ -194,7 +197,7 @@ def build_nbits_gemm(problem: NbitsProblem, name: str = "nbits_gemm"):
     Y = te.compute(p.out_shape, lambda m, t, v, l: te.sum(block_term(m, t, v, l, b), axis=b), name="Y")
     func = te.create_prim_func([X, Wp, S, SZ, Y])
     attrs = {"lowprec.op": "nbits_gemm", "lowprec.weight_only": f"uint4/{p.activations}",
-             "lowprec.vector": [p.lanes, 8], "lowprec.tile": [p.mr, p.nr, p.block],
+             "lowprec.vector": [p.lanes, 8 * p.call_groups], "lowprec.tile": [p.mr, p.nr, p.block],
              "lowprec.shape": [p.m, p.n, p.k],
              # the float path has no tensor intrinsic: its name says what LLVM vectorizes
              "lowprec.intrin": p.intrin if p.intrin is not None else f"widen_fma_f32x{p.lanes}"}

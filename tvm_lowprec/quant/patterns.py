@@ -244,10 +244,14 @@ def _padding(attrs) -> tuple[int, int, int, int]:
 
 
 def mutate_relax_functions(mod, mutator):
-    """Run ``mutator`` (a PyExprMutator built on ``mod``) over every Relax function; the new module."""
+    """Run ``mutator`` (a PyExprMutator built on ``mod``) over every Relax function; the new module.
+    A mutator that keeps an ``error`` (a LowPrecError it caught, which the C++ visitor would turn
+    into a RuntimeError) has it raised here, unwrapped, after the function where it happened."""
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+            if getattr(mutator, "error", None) is not None:
+                raise mutator.error
     return mutator.builder_.get()
 
 

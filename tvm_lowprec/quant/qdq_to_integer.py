@@ -32,6 +32,7 @@ from .patterns import (
     call_of,
     constant,
     first_call,
+    mutate_relax_functions,
     conv_geometry,
     conv_weight_matrix,
     dequantized_activation,
@@ -590,13 +591,7 @@ class _Rewriter(relax.PyExprMutator):
 
 def rewrite_module(mod, spec: TargetSpec, requant_mode: str = "float"):
     """Apply the rewrite to every Relax function of ``mod`` (plain Python: errors keep their type)."""
-    rewriter = _Rewriter(mod, spec, requant_mode)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-            if rewriter.error is not None:
-                raise rewriter.error
-    return rewriter.builder_.get()
+    return mutate_relax_functions(mod, _Rewriter(mod, spec, requant_mode))
 
 
 def qdq_to_integer(spec: TargetSpec, requant_mode: str = "float"):

@@ -44,8 +44,11 @@ def _problem(m: int, n: int, k: int, block: int, spec, activations: str) -> Nbit
     lanes = recipe.intrin.lanes if recipe is not None else spec.gemm.vector_bits // 32
     tile = recipe.tile_for(m) if recipe is not None else None
     mr, nr = (tile.mr, tile.nr) if tile is not None else (1, 4)
-    intrin = recipe.intrin.intrin if activations == "int8" else None
-    return NbitsProblem(m, n, k, block, lanes, activations, intrin, mr=mr, nr=nr)
+    if activations != "int8":
+        return NbitsProblem(m, n, k, block, lanes, activations, None, mr=mr, nr=nr)
+    groups = recipe.intrin.groups_for(block)
+    return NbitsProblem(m, n, k, block, lanes, activations, recipe.intrin.intrins[groups], mr=mr, nr=nr,
+                        call_groups=groups)
 
 
 def emit_int4(builder, x, dq: DequantizedConst, spec, config):

@@ -18,6 +18,7 @@ from tvm import relax
 
 from ..errors import LowPrecError
 from .dequantized import dequantized_constant
+from .patterns import mutate_relax_functions
 
 ACTIVATIONS = ("float", "int8")
 
@@ -84,10 +85,4 @@ class _Rewriter(relax.PyExprMutator):
 
 def weight_only_module(mod, spec, config: WeightOnlyConfig | None = None):
     """Apply the rewrite to every Relax function of ``mod`` (plain Python: errors keep their type)."""
-    rewriter = _Rewriter(mod, spec, config or WeightOnlyConfig())
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-            if rewriter.error is not None:
-                raise rewriter.error
-    return rewriter.builder_.get()
+    return mutate_relax_functions(mod, _Rewriter(mod, spec, config or WeightOnlyConfig()))

@@ -10,8 +10,9 @@ K block at a time)::
         Y[mo, task] = 0
         for b in K / block:                           # one block's bytes, scales, zero points
           acc[mr, nr, lanes] = 0
-          for g in block / 8:
-            int8:  for mi, t in unroll(mr, nr): <4-bit dot product>(acc[mi, t], a[mi, b, g], W[task, b, g, t])
+          for g in block / 8 (by c in int8):
+            int8:  for mi, t in unroll(mr, nr): <4-bit dot product>(acc[mi, t], a[mi, b, g:g+c], W[task, b, t, g:g+c])
+                   (c groups per call: vpmaddubsw sums them in int16 before one vpmaddwd)
             float: for j, h in unroll(4, 2): for mi, t in unroll(mr, nr): acc[mi, t] += x * float(nibble(W))
           Y[mo, task] += block scales x acc           # vectorized over lanes
 
@@ -37,10 +38,11 @@ class NbitsGemmRule:
         if not _is_nbits(func):
             return None
         mr = int(func.attrs["lowprec.tile"][0])
+        call_groups = int(func.attrs["lowprec.vector"][1]) // 8
         int8 = str(func.attrs["lowprec.weight_only"]).endswith("/int8")
         sch = Schedule(func)
         _prologue(sch)
-        _gemm(sch, mr, str(func.attrs["lowprec.intrin"]) if int8 else None)
+        _gemm(sch, mr, str(func.attrs["lowprec.intrin"]) if int8 else None, call_groups)
         return sch
 
 
@@ -60,7 +62,7 @@ def _prologue(sch):
 
 
 # Step 2. Tasks in parallel, row tiles of mr, the block's partial sums computed under the block loop.
-def _gemm(sch, mr: int, intrin: str | None):
+def _gemm(sch, mr: int, intrin: str | None, call_groups: int = 1):
     y = sch.get_sblock("Y")
     m, task, v, lane, b = sch.get_loops(y)
     mo, mi = sch.split(m, [None, mr])
@@ -69,8 +71,9 @@ def _gemm(sch, mr: int, intrin: str | None):
     acc = sch.get_sblock("acc")
     sch.compute_at(acc, b, preserve_unit_loops=True)
     am, _, _, av, al, g, h, j = sch.get_loops(acc)[-8:]
-    if intrin is not None:  # one call per (row, vector): 8 k of L lanes
-        sch.reorder(g, am, av, al, h, j)
+    if intrin is not None:  # one call per (row, vector): call_groups x 8 k of L lanes
+        g, gi = sch.split(g, [None, call_groups]) if call_groups > 1 else (g, al)
+        sch.reorder(g, am, av, *((gi,) if call_groups > 1 else ()), al, h, j)
     else:  # each byte vector loaded and widened once, for every row of the tile
         sch.reorder(g, j, h, am, av, al)
         sch.vectorize(al)
@@ -84,7 +87,7 @@ def _gemm(sch, mr: int, intrin: str | None):
     sch.unroll(y_m)
     sch.decompose_reduction(acc, g)
     if intrin is not None:
-        sch.tensorize(al, intrin)
+        sch.tensorize(gi, intrin)
     init = sch.get_sblock("acc_init")
     sch.vectorize(sch.get_loops(init)[-1])
     sch.decompose_reduction(y, b)
