@@ -174,37 +174,38 @@ def bench_int4(name: str, cache: Path, n_cal: int, n_held: int, out_dir: Path, l
     return row
 
 
-def markdown_int4(rows: list[dict], meta: dict) -> str:
-    lines = ["# Weight-only 4-bit PTQ: output SQNR against FP32 (dB, higher is better)", "",
-             f"{meta.get('date', '')} · tvm-lowprec {tvm_lowprec.__version__} · matmul weights only, activations "
-             "float32; int4 symmetric ([-7, 7]) with one scale per group of g weights along K, rounded to nearest "
-             "(RTN) or by GPTQ (calibration inputs' x^T x per layer input; GPTQ-shrink: its off-diagonal shrunk by "
-             "the sampling noise); int8 per-channel for reference. "
-             "SQNR of the final output over held-out inputs, against ONNX Runtime FP32.", "",
-             "| model | calibration | " + " | ".join(INT4_COLUMNS) + " |", "|---|---:|" + "---:|" * len(INT4_COLUMNS)]
+def _markdown(title: str, note: str, lead: list[str], columns: list[str], rows: list[dict], footer: str) -> str:
+    """A results table: one row per model, ``lead`` columns as they are, ``columns`` as dB."""
+    lines = [f"# {title}", "", note, "",
+             "| " + " | ".join([*lead, *columns]) + " |", "|---|" + "---:|" * (len(lead) - 1 + len(columns))]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | error: {r['error']} |")
             continue
-        lines.append(f"| {r['model']} | {r['calibration']} | " + " | ".join(f"{r[c]:.2f}" for c in INT4_COLUMNS) + " |")
-    lines += ["", "Per-layer SQNR: `<model>_int4_g128_<method>_layers.md` / `.json`."]
+        lines.append("| " + " | ".join([*(str(r[c]) for c in lead), *(f"{r[c]:.2f}" for c in columns)]) + " |")
+    lines += ["", footer]
     return "\n".join(lines) + "\n"
+
+
+def markdown_int4(rows: list[dict], meta: dict) -> str:
+    note = (f"{meta.get('date', '')} · tvm-lowprec {tvm_lowprec.__version__} · matmul weights only, activations "
+            "float32; int4 symmetric ([-7, 7]) with one scale per group of g weights along K, rounded to nearest "
+            "(RTN) or by GPTQ (calibration inputs' x^T x per layer input; GPTQ-shrink: its off-diagonal shrunk by "
+            "the sampling noise); int8 per-channel for reference. "
+            "SQNR of the final output over held-out inputs, against ONNX Runtime FP32.")
+    return _markdown("Weight-only 4-bit PTQ: output SQNR against FP32 (dB, higher is better)", note,
+                     ["model", "calibration"], INT4_COLUMNS, rows,
+                     "Per-layer SQNR: `<model>_int4_g128_<method>_layers.md` / `.json`.")
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
-    lines = ["# Post-training quantization: output SQNR against FP32 (dB, higher is better)", "",
-             f"{meta.get('date', '')} · tvm-lowprec {tvm_lowprec.__version__} · int8 per-channel weights, uint8 "
-             "activations; ORT = onnxruntime.quantization.quantize_static (QDQ, MinMax), run as written; "
-             "tvm-lowprec = tvm_lowprec.quantize with the activation observer named, run as integer kernels. "
-             "Same calibration inputs for both; SQNR over held-out inputs.", "",
-             "| model | " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['model']} | error: {r['error']} |")
-            continue
-        lines.append(f"| {r['model']} | " + " | ".join(f"{r[c]:.2f}" for c in COLUMNS) + " |")
-    lines += ["", "Per-layer SQNR of tvm-lowprec's MinMax model: `<model>_layers.md` / `.json` / `.png`."]
-    return "\n".join(lines) + "\n"
+    note = (f"{meta.get('date', '')} · tvm-lowprec {tvm_lowprec.__version__} · int8 per-channel weights, uint8 "
+            "activations; ORT = onnxruntime.quantization.quantize_static (QDQ, MinMax), run as written; "
+            "tvm-lowprec = tvm_lowprec.quantize with the activation observer named, run as integer kernels. "
+            "Same calibration inputs for both; SQNR over held-out inputs.")
+    return _markdown("Post-training quantization: output SQNR against FP32 (dB, higher is better)", note,
+                     ["model"], COLUMNS, rows,
+                     "Per-layer SQNR of tvm-lowprec's MinMax model: `<model>_layers.md` / `.json` / `.png`.")
 
 
 def main(argv=None) -> int:

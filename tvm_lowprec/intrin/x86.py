@@ -98,18 +98,24 @@ def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) 
                       emulation={llvm_name: _vpdpbusd_semantics(lanes)})
 
 
-def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
+def _int16_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...], impl, semantics) -> GemmIntrin:
+    """An int16-pair instruction's row: ``impl(lanes, llvm_name, b_dtype)`` for int8 weights (widened
+    in the loop) and for int16 ones (widened at pack time)."""
     names = {}
     for b_dtype, suffix in (("int8", ""), ("int16", "_wideb")):
         names[b_dtype] = register(
             f"lowprec_{name}_int16{suffix}_{lanes}x2",
             dot_desc(lanes, 2, "int16", 0, b_dtype),
-            _pmaddwd_impl(lanes, llvm_name, b_dtype),
+            impl(lanes, llvm_name, b_dtype),
         )
     # both activation dtypes are widened to int16 by the kernel's prepare step: no offset needed
     operand = AOperand(storage="int16", offset=0, intrin=names["int8"], intrin_wide_b=names["int16"])
     return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features,
-                      emulation={llvm_name: _pmaddwd_semantics(lanes)})
+                      emulation={llvm_name: semantics(lanes)})
+
+
+def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
+    return _int16_row(name, lanes, llvm_name, features, _pmaddwd_impl, _pmaddwd_semantics)
 
 
 def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features: tuple[str, ...]) -> GemmIntrin:
@@ -165,16 +171,7 @@ def _vpdpwssd_semantics(lanes: int) -> DotSemantics:
 
 
 def _vpdpwssd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
-    names = {}
-    for b_dtype, suffix in (("int8", ""), ("int16", "_wideb")):
-        names[b_dtype] = register(
-            f"lowprec_{name}_int16{suffix}_{lanes}x2",
-            dot_desc(lanes, 2, "int16", 0, b_dtype),
-            _vpdpwssd_impl(lanes, llvm_name, b_dtype),
-        )
-    operand = AOperand(storage="int16", offset=0, intrin=names["int8"], intrin_wide_b=names["int16"])
-    return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features,
-                      emulation={llvm_name: _vpdpwssd_semantics(lanes)})
+    return _int16_row(name, lanes, llvm_name, features, _vpdpwssd_impl, _vpdpwssd_semantics)
 
 
 with cheap_frame_inspection():
