@@ -140,3 +140,38 @@ def test_nan_quantizes_to_the_zero_point_as_in_onnx_runtime(rng):
     got = compiled(x, mask)[0]
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got[0], np.clip(np.rint(x[0] / np.float32(0.05)) + 122, 0, 255))  # scores kept
+
+
+def _float_output_qdq(rng, m=3, k=256, n=64, bias=True):
+    """x -> Q/DQ (uint8, per tensor) -> MatMul with DQ(int8 weights per column) [-> + bias] -> float output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"w": rng.integers(-127, 128, (k, n)).astype(np.int8), "ws": ((rng.random(n) + 0.5) * 0.01).astype(np.float32),
+              "wz": np.zeros(n, np.int8), "xs": np.float32(0.02), "xz": np.uint8(128),
+              "b": rng.standard_normal(n).astype(np.float32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["mm" if bias else "y"])]
+    if bias:
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+                              [numpy_helper.from_array(np.asarray(v), name) for name, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+@pytest.mark.parametrize("target", ["native", "x86-avx512-vnni"])
+def test_a_layer_whose_output_stays_float_takes_the_integer_gemm(target, rng):
+    """DQ -> MatMul (-> + bias) with no QuantizeLinear after it (a graph output, a residual): the integer
+    GEMM with a float epilogue, not a float matmul; equal to the ONNX reference up to float32 rounding
+    of the reference's own sum."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _float_output_qdq(rng)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=target)
+    [gemm] = [k for k in compiled.kernels() if k.op == "qgemm"]
+    assert gemm.name.endswith("_float") and gemm.intrinsic.startswith(f"lowprec_{compiled.spec.gemm.name}")
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(compiled(x)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -360,6 +360,27 @@ MATCHERS = (match_requantized_linear, match_integer_linear, match_runtime_qlinea
             _int16_matcher)
 
 
+def match_dequantized_linear(call, lookup, mode: str) -> QGemmMatch | None:
+    """``dequantize(x) @ dequantize(W)`` (or a conv2d) whose result stays float32 (a graph output, a
+    residual add): the integer GEMM with a float epilogue, ``(acc + corrections) * sx * sw``. Tried in
+    a second pass (:data:`FLOAT_OUTPUT_MATCHERS`), after every requantized layer has been taken."""
+    core = _linear_call(call, lookup)
+    if core is None or core is not call or dtype_of(call) != "float32":
+        return None
+    x = dequantized_activation(core.args[0], lookup)
+    w, geometry = _const_weight(core, lookup)
+    if x is None or w is None or (geometry is not None and geometry.depthwise):
+        return None
+    n = w.values.shape[1]
+    acc_scale = np.broadcast_to(np.float32(x.params.scale) * w.scale.astype(np.float32), (n,)).astype(np.float32)
+    return QGemmMatch(x=x.data, x_zero_point=int(x.params.zero_point), acc_scale=acc_scale, weight=w, bias_int=None,
+                      epilogue=Epilogue("float"), mult=acc_scale, conv=geometry)
+
+
+# the second pass: what the first left of the dequantize -> matmul/conv form
+FLOAT_OUTPUT_MATCHERS = (match_dequantized_linear,)
+
+
 # ---------------------------------------------------------------------------------------------
 # Step 2. Emit: QGemmMatch -> reshape + call_tir(qgemm) + reshape
 
@@ -562,9 +583,9 @@ def emit(builder, match, spec: TargetSpec):
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod, spec: TargetSpec, mode: str):
+    def __init__(self, mod, spec: TargetSpec, mode: str, matchers=MATCHERS):
         super().__init__(mod)
-        self.spec, self.mode, self.rewritten = spec, mode, 0
+        self.spec, self.mode, self.matchers, self.rewritten = spec, mode, matchers, 0
         self.error = None  # raised by rewrite_module: the C++ visitor would turn it into RuntimeError
 
     def visit_call_(self, call):
@@ -578,7 +599,7 @@ class _Rewriter(relax.PyExprMutator):
             return call
 
     def _rewrite(self, call):
-        for matcher in MATCHERS:
+        for matcher in self.matchers:
             match = matcher(call, self.lookup_binding, self.mode)
             if match is None:
                 continue
@@ -591,7 +612,10 @@ class _Rewriter(relax.PyExprMutator):
 
 def rewrite_module(mod, spec: TargetSpec, requant_mode: str = "float"):
     """Apply the rewrite to every Relax function of ``mod`` (plain Python: errors keep their type)."""
-    return mutate_relax_functions(mod, _Rewriter(mod, spec, requant_mode))
+    mod = mutate_relax_functions(mod, _Rewriter(mod, spec, requant_mode))
+    # the layers the first pass took leave their float matmul behind, unused: gone before the second
+    mod = relax.transform.DeadCodeElimination()(mod)
+    return mutate_relax_functions(mod, _Rewriter(mod, spec, requant_mode, FLOAT_OUTPUT_MATCHERS))
 
 
 def qdq_to_integer(spec: TargetSpec, requant_mode: str = "float"):
