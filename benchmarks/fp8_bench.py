@@ -30,7 +30,6 @@ import argparse  # noqa: E402
 import gc  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -48,7 +47,7 @@ from tvm_lowprec.bench.cli_args import parse_threads  # noqa: E402
 from tvm_lowprec.bench.hostinfo import collect_metadata, load_average  # noqa: E402
 from tvm_lowprec.bench.providers import ort_errors, ort_session  # noqa: E402
 from tvm_lowprec.bench.report import write_csv, write_json  # noqa: E402
-from tvm_lowprec.bench.timing import Timing, measure_interleaved, wall_loop  # noqa: E402
+from tvm_lowprec.bench.timing import Timing, compiled_loop, measure_interleaved, wall_loop  # noqa: E402
 
 Shape = tuple[int, int, int]
 DEFAULT_SHAPES: tuple[Shape, ...] = ((1, 4096, 4096), (16, 4096, 4096))
@@ -128,21 +127,10 @@ class Runner:
     kernels: str = ""
 
 
-def _tvm_loop(compiled, x):
-    def loop(number: int) -> float:  # single calls (calibration, slow points) by wall clock
-        if number == 1:
-            start = time.perf_counter()
-            compiled(x)
-            return time.perf_counter() - start
-        return compiled.benchmark(x, number=number, repeat=1)
-
-    return loop
-
-
 def _tvm(model, problem: Problem, threads: int, weight_bytes: int) -> Runner:
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native", num_threads=threads)
     kernels = "; ".join(f"{k.name} [{k.schedule}]" for k in compiled.kernels() if k.op not in ("reshape",))
-    return Runner(lambda: compiled(problem.x)[0], _tvm_loop(compiled, problem.x), weight_bytes, kernels)
+    return Runner(lambda: compiled(problem.x)[0], compiled_loop(compiled, problem.x), weight_bytes, kernels)
 
 
 def _ort(model, problem: Problem, threads: int, weight_bytes: int) -> Runner:

@@ -49,7 +49,7 @@ except ImportError:  # run from a checkout without installing the package
     import tvm_lowprec
 
 from model_bench import LOWPREC_ROOT, git_revision  # noqa: E402
-from tvm_lowprec.bench.cli_args import names_parser, parse_threads  # noqa: E402
+from tvm_lowprec.bench.cli_args import names_parser, parse_shapes, parse_threads  # noqa: E402
 from tvm_lowprec.bench.grid import POINT_ERRORS  # noqa: E402
 from tvm_lowprec.bench.hostinfo import collect_metadata, load_average  # noqa: E402
 from tvm_lowprec.bench.nbits import (  # noqa: E402
@@ -58,7 +58,7 @@ from tvm_lowprec.bench.nbits import (  # noqa: E402
 )
 from tvm_lowprec.bench.providers import describe_compiled, ort_errors, ort_runner, ort_session  # noqa: E402
 from tvm_lowprec.bench.report import json_safe, write_csv, write_json, write_latency_plot  # noqa: E402
-from tvm_lowprec.bench.timing import Timing, measure_interleaved, wall_loop  # noqa: E402
+from tvm_lowprec.bench.timing import Timing, compiled_loop, measure_interleaved, wall_loop  # noqa: E402
 
 Shape = tuple[int, int, int]
 DEFAULT_SHAPES: tuple[Shape, ...] = ((1, 4096, 4096), (1, 11008, 4096), (16, 4096, 4096))
@@ -206,27 +206,13 @@ def _tvm_model(provider: Provider, problems: Problems):
     return matmul_nbits_model(problems.int4), tvm_lowprec.WeightOnlyConfig(activations=provider.activations)
 
 
-def _tvm_loop(compiled, x: np.ndarray) -> Callable[[int], float]:
-    """TVM's time evaluator; a single call (a slow point, or the calibration probe) by wall clock, which
-    costs one call where the evaluator would add an untimed one before it."""
-
-    def loop(number: int) -> float:
-        if number == 1:
-            start = time.perf_counter()
-            compiled(x)
-            return time.perf_counter() - start
-        return compiled.benchmark(x, number=number, repeat=1)
-
-    return loop
-
-
 def prepare_tvm(provider: Provider, problems: Problems, threads: int) -> Runner:
     model, weight_only = _tvm_model(provider, problems)
     options = {} if weight_only is None else {"weight_only": weight_only}
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native", num_threads=threads, **options)
     x = problems.of(provider).x
     kernels = "; ".join(f"{k.name} [{k.intrinsic}, {k.schedule}]" for k in compiled.kernels())
-    return Runner(run=lambda: compiled(x)[0], loop=_tvm_loop(compiled, x),
+    return Runner(run=lambda: compiled(x)[0], loop=compiled_loop(compiled, x),
                   timer="TVM time_evaluator (single calls: wall clock)", target=describe_compiled(compiled),
                   kernels=kernels)
 
@@ -525,17 +511,6 @@ def write_outputs(rows: list[dict], meta: dict, out: Path) -> str:
 
 
 # ---------------------------------------------------------------- CLI
-
-def parse_shapes(text: str) -> list[Shape]:
-    """``"1x4096x4096,16x4096x4096"`` -> ``[(1, 4096, 4096), (16, 4096, 4096)]`` (M x N x K)."""
-    shapes = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        dims = item.lower().split("x")
-        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise argparse.ArgumentTypeError(f"bad shape {item!r}; expected MxNxK with positive integers")
-        shapes.append(tuple(int(d) for d in dims))
-    return shapes
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

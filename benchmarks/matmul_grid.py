@@ -31,7 +31,7 @@ try:
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import tvm_lowprec.bench as bench
-from tvm_lowprec.bench.cli_args import names_parser, parse_threads  # noqa: E402
+from tvm_lowprec.bench.cli_args import names_parser, parse_shapes, parse_threads  # noqa: E402
 
 SQUARE = [(s, s, s) for s in (256, 512, 1024, 2048)]
 TRANSFORMER = [(m, n, k) for m in (1, 16, 128, 512) for n, k in ((3072, 768), (768, 3072), (4096, 4096))]
@@ -83,17 +83,6 @@ def measure_peak(shapes, reps: int = 3) -> tuple[float, float, str]:
     bandwidth = max(float(x) for x in re.findall(r"([\d.]+) GB/s", _compile_and_run("read_bw.c", [f"{mib:.3f}", str(reps)])))
     return peak, bandwidth, (f"measured: best of {reps} runs of peak/{source}, {label}; read bandwidth: "
                              f"peak/read_bw.c over {mib:.1f} MiB, the largest weights of the grid")
-
-
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """``"1x768x3072,256x256x256"`` -> ``[(1, 768, 3072), (256, 256, 256)]`` (M x N x K)."""
-    shapes = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        dims = item.lower().split("x")
-        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise argparse.ArgumentTypeError(f"bad shape {item!r}; expected MxNxK with positive integers")
-        shapes.append(tuple(int(d) for d in dims))
-    return shapes
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,7 +41,7 @@ from tvm_lowprec.hwspec import Tile  # noqa: E402
 from tvm_lowprec.targets import registered_targets  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from matmul_grid import parse_shapes  # noqa: E402
+from tvm_lowprec.bench.cli_args import parse_shapes  # noqa: E402
 
 ARM_ROWS = ("arm64-i8mm", "arm64-dotprod", "arm64-neon")
 ROWS = ("x86-avx512-vnni", "x86-avx-vnni", *ARM_ROWS)

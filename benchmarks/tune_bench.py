@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import model_bench as mb  # noqa: E402  (timing, runners, metadata: shared with the model benchmark)
-from matmul_grid import parse_shapes  # noqa: E402
+from tvm_lowprec.bench.cli_args import parse_shapes  # noqa: E402
 from models.build import DEFAULT_CACHE, MODELS, ensure_model, make_feed  # noqa: E402
 
 tvm_lowprec = mb.tvm_lowprec

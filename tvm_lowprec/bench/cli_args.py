@@ -27,3 +27,14 @@ def names_parser(known, what: str):
         return names
 
     return parse
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"1x768x3072,256x256x256"`` -> ``[(1, 768, 3072), (256, 256, 256)]`` (M x N x K)."""
+    shapes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        dims = item.lower().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"bad shape {item!r}; expected MxNxK with positive integers")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes

@@ -126,6 +126,21 @@ def wall_loop(fn: Callable[[], object]) -> Callable[[int], float]:
     return lambda number: _elapsed(fn, number) / number
 
 
+def compiled_loop(compiled, *inputs) -> Callable[[int], float]:
+    """A :class:`tvm_lowprec.Compiled` model as a timing loop: TVM's time evaluator for ``number``
+    calls; a single call (a slow point, or the calibration probe) by wall clock, which costs one call
+    where the evaluator would add an untimed one before it."""
+
+    def loop(number: int) -> float:
+        if number == 1:
+            start = time.perf_counter()
+            compiled(*inputs)
+            return time.perf_counter() - start
+        return compiled.benchmark(*inputs, number=number, repeat=1)
+
+    return loop
+
+
 def measure_interleaved(loops: Mapping[str, Callable[[int], float]],
                         timing: Timing = DEFAULT_TIMING) -> dict[str, Measurement]:
     """Time several implementations of one point in interleaved rounds.

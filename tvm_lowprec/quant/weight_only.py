@@ -5,12 +5,13 @@ Runs first in phase 1 of :mod:`tvm_lowprec.pipeline`, on the module :func:`tvm_l
 into a float32 constant. A weight is taken when it is one of the marked dequantize kernels of
 :mod:`.dequantized` applied to constants (blocked int4 weights from ``MatMulNBits`` or a blocked
 QDQ model, float8 weights) and the other operand is a float activation. Each kind of weight has its
-emitter in :data:`EMITTERS` (one file each); an emitter returns ``None`` when it does not take the
+emitter in :func:`emitters` (one file each); an emitter returns ``None`` when it does not take the
 weight (its shape, its values or the target), and the matmul then stays as it was: float, correct.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import tvm
@@ -42,14 +43,13 @@ class WeightOnlyConfig:
             raise ValueError(f"WeightOnlyConfig.activations must be one of {ACTIVATIONS}, not {self.activations!r}")
 
 
-def _emitters():
+@functools.cache
+def emitters() -> dict:
+    """Weight kind (:class:`~.dequantized.DequantizedConst`'s ``kind``) -> its emitter (imported on first use)."""
     from .weight_fp8 import emit_float8
     from .weight_int4 import emit_int4
 
     return {"blocked": emit_int4, "float8": emit_float8}
-
-
-EMITTERS: dict = {}
 
 
 def _float_activation(expr) -> bool:
@@ -71,7 +71,7 @@ class _Rewriter(relax.PyExprMutator):
         dq = dequantized_constant(w, self.lookup_binding, self.mod)
         if dq is None or not _float_activation(x):
             return call
-        emitter = (EMITTERS or EMITTERS.update(_emitters()) or EMITTERS).get(dq.kind)
+        emitter = emitters().get(dq.kind)
         try:
             new = emitter(self.builder_, x, dq, self.spec, self.config) if emitter is not None else None
         except LowPrecError as err:
