@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import tvm_lowprec
 import tvm_lowprec.qemu
 from conftest import board_session
+from tvm_lowprec.hwspec import Tile
 from tvm_lowprec.kernels.nbits import reference
 from tvm_lowprec.targets import registered_targets
 
@@ -23,6 +24,32 @@ FLOAT_ROWS = list({(name.split("-")[0], spec.gemm.vector_bits): name for name, s
 # what each row's 4-bit dot product must emit (by the NibbleIntrin's name), and its float path
 INSTRUCTION = {"vpdpbusd": "vpdpbusd", "vpmaddubsw": "vpmaddubsw", "sdot": "sdot"}
 FLOAT_PATH = {"x86": ("vcvtdq2ps", "vfmadd"), "arm": ("fmla",)}
+
+
+def _float_tile(spec, m):
+    """The row's float-activation tile for M rows (its ``nibble_float`` table, else ``nibble``'s)."""
+    tiles = spec.nibble_float or (spec.nibble.tiles if spec.nibble else ())
+    return next((t for t in reversed(tiles) if t.min_m <= m), None) or Tile(1, 1, 4)
+
+
+BLOCK_ROWS = [r for r in FLOAT_ROWS if any(t.wide_b for t in ROWS[r].nibble_float)]
+
+
+@pytest.mark.parametrize("row", BLOCK_ROWS)
+def test_float_activations_widen_whole_blocks_for_several_row_tiles(row, rng):
+    """Generated from the registry: a row whose float tiles widen whole blocks takes that path from the
+    tile's M (here 5 rows: two 4-row tiles, the second padded), runs natively or emulated, and equals
+    the float64 model; its FMAs are in the assembly."""
+    spec = tvm_lowprec.resolve_target(row)
+    m = next(t.min_m for t in spec.nibble_float if t.wide_b) + 1
+    model, q, scale, zp = _nbits_model(rng, (m,), 40, 96, 32)
+    compiled = _compile(model, "float", target=row)
+    [kernel] = _nbits_kernels(compiled)
+    assert kernel.intrinsic.startswith("block_widen_fma")
+    assert "vfmadd" in compiled.inspect_source("asm")
+    assert compiled.execution in ("native", "emulated")
+    x = rng.standard_normal((m, 96)).astype(np.float32)
+    np.testing.assert_allclose(compiled(x)[0], reference(x, q, scale, zp, 32), rtol=1e-5, atol=1e-5)
 
 
 def _nbits_model(rng, m_shape, n, k, block, zero_points=True, accuracy_level=0, bias=False):
@@ -76,7 +103,8 @@ def test_float_activations_match_ort_and_the_numpy_model(m, n, k, block, zero_po
     model, q, scale, zp = _nbits_model(rng, (m,), n, k, block, zero_points)
     compiled = _compile(model, "float")
     [kernel] = _nbits_kernels(compiled)
-    assert kernel.intrinsic.startswith("widen_fma")
+    assert kernel.intrinsic.startswith("block_widen_fma" if _float_tile(tvm_lowprec.resolve_target("native"), m).wide_b
+                                       else "widen_fma")
     x = rng.standard_normal((m, k)).astype(np.float32)
     got = compiled(x)[0]
     np.testing.assert_allclose(got, reference(x, q, scale, zp, block), rtol=1e-5, atol=1e-5)

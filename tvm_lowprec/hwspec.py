@@ -105,7 +105,7 @@ class Tile:
     nr: int
     kblock: int = 0
     why: str = ""
-    wide_b: bool = False  # use the operand's int16-weight variant where the intrinsic has one
+    wide_b: bool = False  # use the operand's widened-weight variant (int16; for 4-bit float: a float block)
 
     def __post_init__(self):
         if self.mr < 1 or self.nr < 1 or self.min_m < 1:
@@ -182,6 +182,9 @@ class TargetSpec:
     # 4-bit weights (weight-only layers): a NibbleIntrin with its tiles; None where the row has no
     # 4-bit dot product (its int4 layers then run with float activations only)
     nibble: GemmRecipe | None = None
+    # the 4-bit kernel's tiles for float activations (empty: ``nibble``'s). A tile with ``wide_b``
+    # dequantizes each K block of a task once into a float buffer that all its row tiles share
+    nibble_float: tuple[Tile, ...] = ()
     # int16 x int8 GEMMs (16-bit activations, :mod:`tvm_lowprec.kernels.qgemm16`): None where such
     # layers stay float
     int16: GemmRecipe | None = None

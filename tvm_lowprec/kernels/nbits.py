@@ -5,7 +5,8 @@
 ``MatMulNBits``). Per K block ``b`` and column ``n`` the kernel forms one partial sum and scales it:
 
 - ``activations="float"``: ``P = sum_k x_k q_k`` in float32 (the weights widened in registers), and
-  ``Y += s (P - z sum_k x_k)``;
+  ``Y += s (P - z sum_k x_k)``; or, with ``widen_block`` (several row tiles), each block of a task is
+  dequantized once, ``w = s q - s z`` in float32, into a buffer all row tiles read: ``Y += sum_k x_k w_k``;
 - ``activations="int8"``: each row's block is quantized on the fly, ``a = rint(x / sa)`` with
   ``sa = max|x| / 127`` (ONNX Runtime's ``accuracy_level=4``), ``P = sum_k a_k q_k`` in int32 on the
   row's 4-bit dot product (:mod:`tvm_lowprec.intrin.nibble`), and ``Y += sa s (P - z sum_k a_k)``.
@@ -44,6 +45,7 @@ class NbitsProblem:
     mr: int = 1  # rows per tile: each weight vector loaded (and widened) once for mr rows
     nr: int = 4  # lane vectors per task: mr * nr independent accumulators
     call_groups: int = 1  # groups of 8 weights per intrinsic call (int8 activations)
+    widen_block: bool = False  # float activations: dequantize each task's K block once for all row tiles
 
     def __post_init__(self):
         if self.activations not in ACTIVATIONS:
@@ -52,6 +54,8 @@ class NbitsProblem:
             raise LowPrecError(f"4-bit kernel: block size {self.block} is not a multiple of 8")
         if self.activations == "int8" and self.intrin is None:
             raise LowPrecError("4-bit kernel: int8 activations need the row's 4-bit dot product")
+        if self.widen_block and self.activations != "float":
+            raise LowPrecError("4-bit kernel: only float activations widen whole blocks")
         if self.groups % self.call_groups:
             raise LowPrecError(f"4-bit kernel: {self.call_groups} groups per call do not divide the block's {self.groups}")
 
@@ -160,9 +164,19 @@ def _quantized_rows(x, p: NbitsProblem):
     return qa, scale, qsum
 
 
-def _partial_sums(X, Wp, p: NbitsProblem):
+def _dequantized_block_sums(x, Wp, S, SZ, p: NbitsProblem):
+    """``widen_block``: the weights dequantized (``s q - s z``, one rounding of an FMA's worth) per
+    (task, block), then per (row, task, block, vector, lane) the block's float dot product."""
+    w = te.compute((p.tasks, p.k_blocks, p.groups, 2, 4, p.nr, p.lanes), lambda t, b, g, h, j, v, l: (
+        S[t, b, v, l] * nibble(Wp[t, b, g, j, v, l], h).astype("float32") - SZ[t, b, v, l]), name="w_float")
+    g, h, j = te.reduce_axis((0, p.groups), "g"), te.reduce_axis((0, 2), "h"), te.reduce_axis((0, 4), "j")
+    return te.compute((p.m_padded, p.tasks, p.k_blocks, p.nr, p.lanes), lambda m, t, b, v, l: te.sum(
+        x(m, b, g, h, j) * w[t, b, g, h, j, v, l], axis=[g, h, j]), name="acc")
+
+
+def _partial_sums(X, Wp, S, SZ, p: NbitsProblem):
     """Per (row, task, block, vector, lane): the block's dot product, and the activations' per-block
-    scale (int8 only) and sum."""
+    scale (int8 only) and sum (neither for ``widen_block``: its sums are already scaled)."""
     x = _blocked_input(X, p)
     g, h, j = te.reduce_axis((0, p.groups), "g"), te.reduce_axis((0, 2), "h"), te.reduce_axis((0, 4), "j")
     shape = (p.m_padded, p.tasks, p.k_blocks, p.nr, p.lanes)
@@ -172,6 +186,8 @@ def _partial_sums(X, Wp, p: NbitsProblem):
             qa[m, b, g, h, j].astype("int32") * nibble(Wp[t, b, v, g, l, j], h).astype("int32"), axis=[g, h, j]),
             name="acc")
         return acc, a_scale, a_sum
+    if p.widen_block:
+        return _dequantized_block_sums(x, Wp, S, SZ, p), None, None
     g2, h2, j2 = te.reduce_axis((0, p.groups), "g"), te.reduce_axis((0, 2), "h"), te.reduce_axis((0, 4), "j")
     a_sum = te.compute((p.m_padded, p.k_blocks), lambda m, b: te.sum(x(m, b, g2, h2, j2), axis=[g2, h2, j2]), name="x_sum")
     acc = te.compute(shape, lambda m, t, b, v, l: te.sum(
@@ -187,10 +203,12 @@ def build_nbits_gemm(problem: NbitsProblem, name: str = "nbits_gemm"):
     Wp = te.placeholder(p.packed_shape, "uint8", name="W_packed")
     S = te.placeholder(p.param_shape, "float32", name="scale")
     SZ = te.placeholder(p.param_shape, "float32", name="scaled_zero_point")
-    acc, a_scale, a_sum = _partial_sums(X, Wp, p)
+    acc, a_scale, a_sum = _partial_sums(X, Wp, S, SZ, p)
     b = te.reduce_axis((0, p.k_blocks), "b")
 
     def block_term(m, t, v, l, bb):
+        if p.widen_block:
+            return acc[m, t, bb, v, l]
         term = S[t, bb, v, l] * acc[m, t, bb, v, l].astype("float32") - SZ[t, bb, v, l] * a_sum[m, bb].astype("float32")
         return term * a_scale[m, bb] if a_scale is not None else term
 
@@ -200,7 +218,8 @@ def build_nbits_gemm(problem: NbitsProblem, name: str = "nbits_gemm"):
              "lowprec.vector": [p.lanes, 8 * p.call_groups], "lowprec.tile": [p.mr, p.nr, p.block],
              "lowprec.shape": [p.m, p.n, p.k],
              # the float path has no tensor intrinsic: its name says what LLVM vectorizes
-             "lowprec.intrin": p.intrin if p.intrin is not None else f"widen_fma_f32x{p.lanes}"}
+             "lowprec.intrin": p.intrin if p.intrin is not None else
+             f"{'block_' if p.widen_block else ''}widen_fma_f32x{p.lanes}"}
     return func.with_attr("global_symbol", name).with_attrs(attrs)
 
 

@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 from tvm import relax
 
+from ..hwspec import Tile
 from ..kernels.nbits import NbitsProblem, build_nbits_gemm, pack_block_params, pack_nibbles
 from .dequantized import DequantizedConst
 
@@ -42,13 +43,15 @@ def _problem(m: int, n: int, k: int, block: int, spec, activations: str) -> Nbit
                       stacklevel=4)
         activations = "float"
     lanes = recipe.intrin.lanes if recipe is not None else spec.gemm.vector_bits // 32
-    tile = recipe.tile_for(m) if recipe is not None else None
-    mr, nr = (tile.mr, tile.nr) if tile is not None else (1, 4)
     if activations != "int8":
-        return NbitsProblem(m, n, k, block, lanes, activations, None, mr=mr, nr=nr)
+        tiles = getattr(spec, "nibble_float", ()) or (recipe.tiles if recipe is not None else ())
+        tile = next((t for t in reversed(tiles) if t.min_m <= m), Tile(1, mr=1, nr=4))  # tables sort by min_m
+        return NbitsProblem(m, n, k, block, lanes, activations, None, mr=tile.mr, nr=tile.nr,
+                            widen_block=tile.wide_b)
+    tile = recipe.tile_for(m)
     groups = recipe.intrin.groups_for(block)
-    return NbitsProblem(m, n, k, block, lanes, activations, recipe.intrin.intrins[groups], mr=mr, nr=nr,
-                        call_groups=groups)
+    return NbitsProblem(m, n, k, block, lanes, activations, recipe.intrin.intrins[groups], mr=tile.mr,
+                        nr=tile.nr, call_groups=groups)
 
 
 def emit_int4(builder, x, dq: DequantizedConst, spec, config):
