@@ -91,10 +91,16 @@ _NIBBLE_TILES = (
 # buffer in L1 that every row tile then reads, a plain FMA GEMM; below, widening in registers per tile
 # costs less than the buffer's stores. Measured on Zen 3 (ymm, 4096x4096, block 32, 1 thread, busy host,
 # best of 7 interleaved): M=16 block 4x2 10.2 ms vs registers 2x4 17.4 (6x2 9.7, pads 16 to 18; 2x4 10.9;
-# 8x1 12.1); M=64 41 vs 64; M=4 4.6 vs 5.1; M=2 2.7 vs 1.7; M=1 2.6 vs 1.6. zmm rows: not measured.
+# 8x1 12.1); M=64 41 vs 64; M=4 4.6 vs 5.1; M=2 2.7 vs 1.7; M=1 2.6 vs 1.6. zmm rows: predicted, below.
 _NIBBLE_FLOAT_TILES = (
     *_NIBBLE_TILES,
     Tile(4, mr=4, nr=2, wide_b=True, why="4 rows x 2 vectors: 8 accumulators + 2 weight vectors + broadcast"),
+)
+# zmm (32 registers), predicted: llvm-mca-19 FMAs per cycle of the block's k loop at M=16: 4x4 0.80 on
+# znver4, 2.00 on skylake-avx512 (4x2 0.67 / 1.66; 6x4 0.92 / 2.00 but pads 16 rows to 18; 8x2 0.67 / 1.78)
+_NIBBLE_FLOAT_ZMM_TILES = (
+    *_NIBBLE_TILES,
+    Tile(4, mr=4, nr=4, wide_b=True, why="16 accumulators + 4 weight vectors + broadcast of 32 zmm"),
 )
 
 X86_TARGETS = (
@@ -104,7 +110,7 @@ X86_TARGETS = (
         features=("avx2", "avx512f", "avx512bw", "avx512vnni"),
         gemm=VNNI_512,
         nibble=GemmRecipe(NIBBLE_VNNI_512, _NIBBLE_TILES),
-        nibble_float=_NIBBLE_FLOAT_TILES,
+        nibble_float=_NIBBLE_FLOAT_ZMM_TILES,
         tiles=_VNNI_ZMM_TILES,
         int16=_INT16_VNNI_ZMM,
         description="AVX-512 VNNI (Cascade Lake and later, Zen 4/5): vpdpbusd zmm",
@@ -127,7 +133,7 @@ X86_TARGETS = (
         features=("avx2", "avx512f", "avx512bw"),
         gemm=PMADDWD_512,
         nibble=GemmRecipe(NIBBLE_UBSW_512, _NIBBLE_TILES),
-        nibble_float=_NIBBLE_FLOAT_TILES,
+        nibble_float=_NIBBLE_FLOAT_ZMM_TILES,
         tiles=_MADD_ZMM_TILES,
         int16=_INT16_ZMM,
         bounded=(GemmRecipe(PMADDUBSW_512, _UBSW_ZMM_TILES),),
