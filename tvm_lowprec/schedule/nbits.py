@@ -87,11 +87,7 @@ def _prologue(sch):
 
 # Step 2. Tasks in parallel, row tiles of mr, the block's partial sums computed under the block loop.
 def _gemm(sch, mr: int, intrin: str | None, call_groups: int = 1):
-    y = sch.get_sblock("Y")
-    m, task, v, lane, b = sch.get_loops(y)
-    mo, mi = sch.split(m, [None, mr])
-    sch.reorder(task, mo, b, mi, v, lane)
-    sch.parallel(task)
+    y, b, _ = _tasks(sch, mr, block_outside=False)
     acc = sch.get_sblock("acc")
     sch.compute_at(acc, b, preserve_unit_loops=True)
     am, _, _, av, al, g, h, j = sch.get_loops(acc)[-8:]
@@ -105,27 +101,16 @@ def _gemm(sch, mr: int, intrin: str | None, call_groups: int = 1):
             sch.unroll(loop)
     sch.unroll(am)
     sch.unroll(av)
-    y_m, y_v, y_l = sch.get_loops(y)[-3:]
-    sch.vectorize(y_l)
-    sch.unroll(y_v)
-    sch.unroll(y_m)
     sch.decompose_reduction(acc, g)
     if intrin is not None:
         sch.tensorize(gi, intrin)
-    init = sch.get_sblock("acc_init")
-    sch.vectorize(sch.get_loops(init)[-1])
-    sch.decompose_reduction(y, b)
-    sch.vectorize(sch.get_loops(sch.get_sblock("Y_init"))[-1])
+    _finish(sch, y, b)
 
 
 # Step 2'. Float activations, widened blocks: the block loop outside the row tiles, the dequantized block
 # computed under it (vectorized over lanes), each row tile's partial sums under the row tile.
 def _gemm_widened(sch, mr: int):
-    y = sch.get_sblock("Y")
-    m, task, v, lane, b = sch.get_loops(y)
-    mo, mi = sch.split(m, [None, mr])
-    sch.reorder(task, b, mo, mi, v, lane)
-    sch.parallel(task)
+    y, b, mo = _tasks(sch, mr, block_outside=True)
     acc = sch.get_sblock("acc")
     sch.compute_at(acc, mo, preserve_unit_loops=True)
     widened = sch.get_sblock("w_float")
@@ -139,10 +124,25 @@ def _gemm_widened(sch, mr: int):
     sch.unroll(am)
     sch.unroll(av)
     sch.decompose_reduction(acc, g)
-    sch.vectorize(sch.get_loops(sch.get_sblock("acc_init"))[-1])
+    _finish(sch, y, b)
+
+
+def _tasks(sch, mr: int, block_outside: bool):
+    """Y's loops: tasks in parallel, then the row tiles and the K blocks (in either order)."""
+    y = sch.get_sblock("Y")
+    m, task, v, lane, b = sch.get_loops(y)
+    mo, mi = sch.split(m, [None, mr])
+    sch.reorder(task, *((b, mo) if block_outside else (mo, b)), mi, v, lane)
+    sch.parallel(task)
+    return y, b, mo
+
+
+def _finish(sch, y, b):
+    """Y's update vectorized over lanes and unrolled over the tile; the initializations vectorized."""
     y_m, y_v, y_l = sch.get_loops(y)[-3:]
     sch.vectorize(y_l)
     sch.unroll(y_v)
     sch.unroll(y_m)
+    sch.vectorize(sch.get_loops(sch.get_sblock("acc_init"))[-1])
     sch.decompose_reduction(y, b)
     sch.vectorize(sch.get_loops(sch.get_sblock("Y_init"))[-1])
