@@ -95,6 +95,33 @@ def _ceil(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+def tile_layout(gi, operand, tile, m: int, n: int, kp: int, kblock: int = 0, a_storage: str | None = None,
+                a_offset: int | None = None) -> "GemmLayout":
+    """The CPU register layout of a tile: ``mr`` rows (whole row groups of a matrix instruction, at most
+    M), ``nr`` column groups (no more than N needs), the int16-weight variant where the tile asks for
+    it and the operand has one; M and N padded to whole tiles, K to ``kp``. ``a_storage``/``a_offset``:
+    the operand's unless given (the int16 GEMM stores its activations as int16)."""
+    mr = _ceil(min(tile.mr, m), gi.rows)
+    nr = _column_groups(tile.nr, -(-n // gi.lanes))
+    wide = tile.wide_b and operand.intrin_wide_b is not None
+    return GemmLayout(
+        intrin=operand.intrin_wide_b if wide else operand.intrin,
+        intrin_row=gi.name,
+        lanes=gi.lanes,
+        kstep=gi.kstep,
+        mr=mr,
+        nr=nr,
+        kblock=kblock,
+        a_storage=operand.storage if a_storage is None else a_storage,
+        a_offset=operand.offset if a_offset is None else a_offset,
+        b_storage="int16" if wide else "int8",
+        mp=_ceil(m, mr),
+        np_=_ceil(n, gi.lanes * nr),
+        kp=kp,
+        rows=gi.rows,
+    )
+
+
 def _column_groups(table_nr: int, groups: int) -> int:
     """Vectors per B panel: the tile table's ``nr``, or a smaller one (down to half) that pads the
     ``groups`` vectors of N less: N = 24 is 3 ymm vectors, which ``nr`` = 2 pads to 4 (a third of the
@@ -140,27 +167,9 @@ class GemmLayout:
         tile = recipe.tile_for(problem.m)
         gi = recipe.intrin
         operand = gi.operand(problem.a_dtype)
-        mr = _ceil(min(tile.mr, problem.m), gi.rows)  # whole row groups for a matrix instruction
-        nr = _column_groups(tile.nr, -(-problem.n // gi.lanes))
         kp = _ceil(problem.k, gi.kstep)
         kblock = tile.kblock if tile.kblock and tile.kblock < kp and kp % tile.kblock == 0 else 0
-        wide = tile.wide_b and operand.intrin_wide_b is not None
-        return GemmLayout(
-            intrin=operand.intrin_wide_b if wide else operand.intrin,
-            intrin_row=gi.name,
-            lanes=gi.lanes,
-            kstep=gi.kstep,
-            mr=mr,
-            nr=nr,
-            kblock=kblock,
-            a_storage=operand.storage,
-            a_offset=operand.offset,
-            b_storage="int16" if wide else "int8",
-            mp=_ceil(problem.m, mr),
-            np_=_ceil(problem.n, gi.lanes * nr),
-            kp=kp,
-            rows=gi.rows,
-        )
+        return tile_layout(gi, operand, tile, problem.m, problem.n, kp, kblock)
 
     @staticmethod
     def _choose_mma(problem: QGemmProblem, spec, b_signed=None) -> "GemmLayout":  # b_signed: every weight is exact on mma

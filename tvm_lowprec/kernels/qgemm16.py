@@ -30,7 +30,7 @@ import numpy as np
 from tvm import te, tirx
 
 from ..hwspec import GemmRecipe
-from .qgemm import Epilogue, GemmLayout, _ceil, _column_groups, _pad_vec, requantize
+from .qgemm import Epilogue, GemmLayout, _ceil, _pad_vec, requantize, tile_layout
 
 A_DTYPES = ("int16", "uint16")
 A_REACH = 32768  # the largest |A'|: int16 values, or uint16 values shifted by -32768
@@ -149,24 +149,8 @@ def choose_layout(problem: QGemm16Problem, recipe: GemmRecipe) -> GemmLayout:
     gi, tile = recipe.intrin, recipe.tile_for(problem.m)
     if problem.chunk % gi.kstep:
         raise ValueError(f"chunk {problem.chunk} is not a multiple of {gi.name}'s K step {gi.kstep}")
-    operand = int16_operand(recipe)
-    nr = _column_groups(tile.nr, -(-problem.n // gi.lanes))
-    wide = tile.wide_b and operand.intrin_wide_b is not None
-    return GemmLayout(
-        intrin=operand.intrin_wide_b if wide else operand.intrin,
-        intrin_row=gi.name,
-        lanes=gi.lanes,
-        kstep=gi.kstep,
-        mr=min(tile.mr, problem.m),
-        nr=nr,
-        kblock=0,
-        a_storage="int16",
-        a_offset=0,
-        b_storage="int16" if wide else "int8",
-        mp=_ceil(problem.m, min(tile.mr, problem.m)),
-        np_=_ceil(problem.n, gi.lanes * nr),
-        kp=problem.chunks * problem.chunk,
-    )
+    return tile_layout(gi, int16_operand(recipe), tile, problem.m, problem.n, problem.chunks * problem.chunk,
+                       a_storage="int16", a_offset=0)
 
 
 def qgemm16_params(problem: QGemm16Problem, layout: GemmLayout, plan: AccumulationPlan, mult) -> list:
