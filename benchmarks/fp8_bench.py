@@ -10,10 +10,14 @@ python benchmarks/fp8_bench.py --formats e4m3fn,e5m2 --shapes 1x4096x4096 --thre
 
 Every point builds ``DequantizeLinear(W_fp8 [K, N], per-column scale) -> MatMul(x, W)`` and the same
 layer with the dequantized weights stored as float32 (``MatMul(x, W_f32)``: the numbers are identical).
-Providers: ``tvm-lowprec-fp8`` (the fp8 model: weights kept as bytes, widened in registers),
-``tvm-lowprec-fp32`` (the float32 model through tvm-lowprec: a plain float matmul, which its rules do
-not schedule today), ``ort-fp32`` (ONNX Runtime on the float32 model). Each output is checked against
-numpy (float64) first; the providers of a point are then timed interleaved, so a busy phase of a shared
+Providers: ``tvm-lowprec-fp8`` (the fp8 model on the float32 path: weights kept as bytes, widened in
+registers), ``tvm-lowprec-fp8-bf16`` (the fp8 model on the bf16 GEMM: weights widened to bf16 at
+compile time, activations rounded to bf16, ``vdpbf16ps``; only on a host with AVX512_BF16, where
+``native`` has the bf16 recipe: elsewhere it would run emulated, whose times mean nothing, so the
+column is left out and the report says so), ``tvm-lowprec-fp32`` (the float32 model through
+tvm-lowprec: a plain float matmul, which its rules do not schedule today), ``ort-fp32`` (ONNX Runtime
+on the float32 model). Each output is checked against numpy (float64; for the bf16 provider with the
+activations rounded to bf16 first, the arithmetic it implements) first; the providers of a point are then timed interleaved, so a busy phase of a shared
 machine hits them alike. Output: ``results.csv``, ``results.json`` and ``report.md`` in ``--out``
 (default ``benchmarks/results/fp8``).
 """
@@ -27,6 +31,7 @@ os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
@@ -77,8 +82,14 @@ class Problem:
         mdt = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}[self.fmt]
         return (self.w_bytes.view(mdt).astype(np.float32) * self.scale).astype(np.float32)
 
-    def reference(self) -> np.ndarray:
-        return self.x.astype(np.float64) @ self.w_float.astype(np.float64)
+    def reference(self, bf16: bool = False) -> np.ndarray:
+        """float64 ``x @ W``; ``bf16``: with ``x`` rounded to bf16 first (what the bf16 GEMM multiplies)."""
+        x = self.x
+        if bf16:
+            from tvm_lowprec.kernels.bf16_gemm import bf16_to_float32, round_to_bf16
+
+            x = bf16_to_float32(round_to_bf16(x))
+        return x.astype(np.float64) @ self.w_float.astype(np.float64)
 
 
 def make_problem(shape: Shape, fmt: str, seed: int) -> Problem:
@@ -125,12 +136,19 @@ class Runner:
     loop: Callable[[int], float]
     weight_bytes: int
     kernels: str = ""
+    bf16: bool = False  # the activations are rounded to bf16: checked against that reference
 
 
-def _tvm(model, problem: Problem, threads: int, weight_bytes: int) -> Runner:
-    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native", num_threads=threads)
+def _native(bf16: bool):
+    """This host's row with its bf16 recipe (where it has one), or without it (the float32 path)."""
+    spec = tvm_lowprec.native_target()
+    return spec if bf16 else dataclasses.replace(spec, bf16=None)
+
+
+def _tvm(model, problem: Problem, threads: int, weight_bytes: int, bf16: bool = False) -> Runner:
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=_native(bf16), num_threads=threads)
     kernels = "; ".join(f"{k.name} [{k.schedule}]" for k in compiled.kernels() if k.op not in ("reshape",))
-    return Runner(lambda: compiled(problem.x)[0], compiled_loop(compiled, problem.x), weight_bytes, kernels)
+    return Runner(lambda: compiled(problem.x)[0], compiled_loop(compiled, problem.x), weight_bytes, kernels, bf16)
 
 
 def _ort(model, problem: Problem, threads: int, weight_bytes: int) -> Runner:
@@ -147,6 +165,11 @@ PROVIDERS: dict[str, Callable[[Problem, int], Runner]] = {
     "tvm-lowprec-fp32": lambda p, t: _tvm(fp32_model(p), p, t, 4 * p.w_bytes.size),
     "ort-fp32": lambda p, t: _ort(fp32_model(p), p, t, 4 * p.w_bytes.size),
 }
+# the bf16 GEMM (vdpbf16ps, 2 bytes a weight) where this host runs it natively; elsewhere it would run
+# emulated, and an emulated build is never timed
+HAS_BF16 = _native(True).bf16 is not None
+if HAS_BF16:
+    PROVIDERS["tvm-lowprec-fp8-bf16"] = lambda p, t: _tvm(fp8_model(p), p, t, 2 * p.w_bytes.size, bf16=True)
 
 
 def point_errors() -> tuple[type[BaseException], ...]:
@@ -158,7 +181,7 @@ def point_errors() -> tuple[type[BaseException], ...]:
 def bench_point(shape: Shape, fmt: str, threads: int, timing: Timing, seed: int, log) -> list[dict]:
     m, n, k = shape
     problem = make_problem(shape, fmt, seed)
-    ref = problem.reference()
+    refs = {False: problem.reference(), True: problem.reference(bf16=True) if HAS_BF16 else None}
     rows, runners = {}, {}
     for name, make in PROVIDERS.items():
         row = {"threads": threads, "M": m, "N": n, "K": k, "format": fmt, "provider": name, "status": "ok",
@@ -167,6 +190,7 @@ def bench_point(shape: Shape, fmt: str, threads: int, timing: Timing, seed: int,
                "kernels": "", "reason": ""}
         try:
             runner = make(problem, threads)
+            ref = refs[runner.bf16]
             error = float(np.abs(runner.run() - ref).max() / np.abs(ref).max())
         except point_errors() as err:
             rows[name] = {**row, "status": "error", "reason": f"{type(err).__name__}: {str(err).strip()[:300]}"}
@@ -208,10 +232,13 @@ def _header(meta: dict) -> list[str]:
         f"- command: `{meta['command']}`",
         ("- providers: **tvm-lowprec-fp8**: DequantizeLinear(fp8 W, per-column scale) -> MatMul, weights kept as "
          "bytes; tvm-lowprec-fp32: the same layer with float32 weights through tvm-lowprec (a float matmul its rules "
-         "do not schedule); ort-fp32: ONNX Runtime CPU on the float32 model"),
+         "do not schedule); ort-fp32: ONNX Runtime CPU on the float32 model; tvm-lowprec-fp8-bf16: the fp8 layer on "
+         "the bf16 GEMM (vdpbf16ps, activations rounded to bf16, checked against that arithmetic) "
+         + ("(this host has AVX512_BF16)" if HAS_BF16 else "(left out: this host lacks AVX512_BF16, and an emulated "
+            "build is not timed)")),
         (f"- timing: median of {timing['repeat']} interleaved rounds of >= {timing['min_time']} s; a provider whose "
          f"first call takes >= {timing['budget']} s is timed by that one call. Weight GB/s = stored weight bytes (1 "
-         "per fp8 weight, 4 per float32) / seconds. Speedups: the other provider's time / this one's."),
+         "per fp8 weight, 2 widened to bf16, 4 per float32) / seconds. Speedups: the other provider's time / this one's."),
         f"- check: max|err| / max|ref| against numpy float64, limit {CHECK_LIMIT:g}", "",
     ]
 
@@ -227,7 +254,7 @@ def _table(rows: list[dict], threads: int) -> list[str]:
              "| M×N×K | format | provider | ms | GFLOP/s | weight GB/s | vs tvm-lowprec fp32 | vs ORT fp32 | check |",
              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in (r for r in rows if r["threads"] == threads):
-        name = f"**{r['provider']}**" if r["provider"] == "tvm-lowprec-fp8" else r["provider"]
+        name = f"**{r['provider']}**" if r["provider"].startswith("tvm-lowprec-fp8") else r["provider"]
         ms = _num(r["ms"], 3) + (" (1 call)" if r["slow"] else "")
         lines.append(f"| {r['M']}x{r['N']}x{r['K']} | {r['format']} | {name} | {ms} | {_num(r['gflops'], 1)} | "
                      f"{_num(r['weight_gbs'], 1)} | {_num(r['vs_tvm_fp32'], 2, 'x')} | {_num(r['vs_ort_fp32'], 2, 'x')} | "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Reference models end to end: tvm-lowprec INT8 against ONNX Runtime INT8/FP32 and TVM FP32, 1 and 2 threads.
+"""Reference models end to end: tvm-lowprec INT8 against ONNX Runtime INT8/FP32 and tvm-lowprec FP32, 1 and 2 threads.
 
 Examples
 --------
@@ -52,12 +52,12 @@ from tvm_lowprec.bench.report import json_safe, write_csv, write_latency_plot  #
 
 LOWPREC_ROOT = Path(tvm_lowprec.__file__).resolve().parents[1]  # the checkout actually imported
 
-RUNTIMES = ("ort-int8", "ort-fp32", "tvm-lowprec-int8", "tvm-fp32")
+RUNTIMES = ("ort-int8", "ort-fp32", "tvm-lowprec-int8", "tvm-lowprec-fp32")
 LABELS = {
     "ort-int8": "ORT INT8 (fused)",
     "ort-fp32": "ORT FP32",
     "tvm-lowprec-int8": "tvm-lowprec INT8",
-    "tvm-fp32": "TVM FP32",
+    "tvm-lowprec-fp32": "tvm-lowprec FP32",
 }
 COSINE_OK = 0.9999
 PERTURBATION = 1e-6  # relative input noise of the QDQ graph's sensitivity check (float inputs only)
@@ -138,7 +138,7 @@ def measure_interleaved(runners: dict[str, tuple[Runner, float]], timing: Timing
     """Time every runner (each already called once, taking the given seconds) as :class:`Timing` says,
     interleaved: each of the ``repeat`` rounds runs one inner loop of every fast runner in turn, so a
     slow phase of the machine (other tenants, frequency changes) hits all runtimes alike and their
-    ratios stay meaningful. Slow runners (TVM FP32) are timed by single calls afterwards."""
+    ratios stay meaningful. Slow runners are timed by single calls afterwards."""
     timed, fast, numbers = {}, {}, {}
     for key, (runner, warm_s) in runners.items():
         if warm_s >= timing.slow_s:
@@ -190,7 +190,7 @@ def make_runner(runtime: str, built: BuiltModel, feed: dict, threads: int) -> Ru
         return ort_runner(built.fp32_path, feed, threads)
     if runtime == "tvm-lowprec-int8":
         return tvm_runner(built.int8_path, built.spec, feed, threads)
-    if runtime == "tvm-fp32":
+    if runtime == "tvm-lowprec-fp32":
         return tvm_runner(built.fp32_path, built.spec, feed, threads)
     raise ValueError(f"unknown runtime {runtime!r}")
 
@@ -260,7 +260,7 @@ def _pick_output(outputs: list[np.ndarray], refs: References) -> np.ndarray:
 
 
 def check_row(runtime: str, out: np.ndarray, refs: References) -> dict:
-    """Comparison columns and the status: tvm-lowprec INT8 must match ORT's QDQ graph, TVM FP32 ORT's
+    """Comparison columns and the status: tvm-lowprec INT8 must match ORT's QDQ graph, tvm-lowprec FP32 ORT's
     FP32 output, with cosine >= :data:`COSINE_OK`; ORT's own rows are the references. Where the QDQ
     graph's own output moves further than that under a 1e-6 input perturbation (quantization steps
     flipping at rounding boundaries: the BERT-sized encoder, 0.99941), a tvm-lowprec output at least
@@ -271,7 +271,7 @@ def check_row(runtime: str, out: np.ndarray, refs: References) -> dict:
         "cos_vs_ort_int8": cosine(out, refs.int8_fused),
         "cos_vs_ort_fp32": cosine(out, refs.fp32),
     }
-    gate = {"tvm-lowprec-int8": "cos_vs_ort_int8_qdq", "tvm-fp32": "cos_vs_ort_fp32"}.get(runtime)
+    gate = {"tvm-lowprec-int8": "cos_vs_ort_int8_qdq", "tvm-lowprec-fp32": "cos_vs_ort_fp32"}.get(runtime)
     threshold = COSINE_OK
     if runtime == "tvm-lowprec-int8" and refs.qdq_sensitivity is not None:
         threshold = min(COSINE_OK, refs.qdq_sensitivity)
@@ -498,7 +498,7 @@ def check_table(result: ModelResult) -> list[str]:
     for row in result.rows:
         if row["status"] not in ("ok", "mismatch"):
             continue
-        verdict = {"tvm-lowprec-int8": "OK", "tvm-fp32": "OK"}.get(row["runtime"], "(reference)")
+        verdict = {"tvm-lowprec-int8": "OK", "tvm-lowprec-fp32": "OK"}.get(row["runtime"], "(reference)")
         verdict = "**MISMATCH**" if row["status"] == "mismatch" else verdict
         lines.append(f"| {LABELS[row['runtime']]} | {row['threads']} | {_fmt_cos(row['cos_vs_ort_int8_qdq'])} | "
                      f"{_fmt_diff(row['max_abs_diff_vs_ort_int8_qdq'])} | {_fmt_cos(row['cos_vs_ort_int8'])} | "
@@ -578,7 +578,7 @@ def _header(meta: dict) -> list[str]:
     cpu = meta["host"]["cpu"]
     flags = ", ".join(f for f, on in cpu["flags"].items() if on) or "none"
     return [
-        "# Reference models: tvm-lowprec INT8 vs ONNX Runtime and TVM FP32"
+        "# Reference models: tvm-lowprec INT8 and FP32 vs ONNX Runtime"
         + (" (INT8 with 7-bit weights: reduce_range=True)" if meta.get("reduce_range") else ""), "",
         f"{meta['date']} · {cpu['model']} ({cpu['logical_cpus']} logical CPUs; {flags}) · "
         f"tvm-lowprec {meta['tvm_lowprec']['version']} @ {meta['tvm_lowprec']['git']} · TVM {versions['tvm']} · "
@@ -624,7 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="model cache folder (build.py's)")
     parser.add_argument("--runtimes", type=names_parser(RUNTIMES, "runtime"), default=list(RUNTIMES),
-                        help=f"comma-separated (default: {','.join(RUNTIMES)}); TVM FP32 takes seconds per call")
+                        help=f"comma-separated (default: {','.join(RUNTIMES)})")
     parser.add_argument("--reduce-range", action="store_true",
                         help="INT8 models with 7-bit weights (exact for ORT's and tvm-lowprec's vpmaddubsw kernels "
                              "on CPUs without VNNI); default --out: benchmarks/results/models-reduce-range")

@@ -7,7 +7,13 @@ GEMV and M = 7, K and N not multiples of the vector); the kernel was used, its d
 and the assembly has vcvtph2ps and vfmadd; every x86 row compiles to code in its own vector
 registers (ymm, zmm) and gives the same numbers, natively or emulated; what the kernel does not
 take stays a correct float matmul; an e4m3fn NaN weight is refused by name.
+
+This is the float32 path. Rows with a bf16 recipe (the AVX-512 VNNI row where the CPU has
+AVX512_BF16) run float8 weights on the bf16 GEMM instead (tests/test_bf16.py); here they are compiled
+without it (:data:`NATIVE`, :func:`_fp32_path`), so every host tests this kernel.
 """
+
+import dataclasses
 
 import re
 
@@ -26,13 +32,21 @@ from tvm_lowprec.emulation import known_semantics
 from tvm_lowprec.kernels.fp8_weights import DECISION_ATTR, DECODES, FP8_TILES, Fp8Layout
 from tvm_lowprec.quant.float8 import FORMATS, decode
 from tvm_lowprec.schedule.fp8_weights import Fp8WeightsRule
-from tvm_lowprec.targets import host_supports, registered_targets
+from tvm_lowprec.targets import host_supports, native_target, registered_targets
 
 MDT = {"float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
 ONNX_TYPE = {"float8_e4m3fn": onnx.TensorProto.FLOAT8E4M3FN, "float8_e5m2": onnx.TensorProto.FLOAT8E5M2}
 
 
 WORDS = np.arange(1 << 16, dtype=np.uint16)  # every pair of codes, as the kernel reads them
+
+
+def _fp32_path(spec):
+    """``spec`` without its bf16 recipe: float8 weights take the float32 kernel."""
+    return dataclasses.replace(spec, bf16=None) if spec.bf16 is not None else spec
+
+
+NATIVE = _fp32_path(native_target())  # this host's row, on the float32 path
 
 
 def _decode_module(fmt):
@@ -133,7 +147,7 @@ CASES = [  # (format, scale, x shape, K, N, bias)
 def test_model_matches_onnx_reference(fmt, scale, x_shape, k, n, bias, rng):
     b = (rng.standard_normal(n) * 3).astype(np.float32) if bias else None
     model = _model(fmt, _weights(fmt, k, n, rng), _scale(scale, n), x_shape, bias=b)
-    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=NATIVE)
     x = rng.standard_normal(x_shape).astype(np.float32)
     _check_close(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
     kernels = _fp8_kernels(compiled)
@@ -146,7 +160,7 @@ def test_model_matches_onnx_reference(fmt, scale, x_shape, k, n, bias, rng):
 
 def test_weights_stay_one_byte_in_the_kernel(rng):
     model = _model("float8_e4m3fn", _weights("float8_e4m3fn", 64, 48, rng), _scale("channel", 48), (1, 64))
-    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=NATIVE)
     (func,) = [f for f in compiled._lowered.functions.values()
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and DECISION_ATTR in f.attrs]
     x, packed, scale, y = func.params  # a 0.27 PrimFunc param is its buffer
@@ -162,7 +176,7 @@ def test_e5m2_infinities_and_nan_weights_are_exact(rng):
     w = _weights("float8_e5m2", 24, 16, rng)
     w[3, 2], w[5, 7], w[9, 7], w[1, 11] = 0x7C, 0xFC, 0x7C, 0x7E  # +inf, -inf, +inf (NaN sum), NaN
     model = _model("float8_e5m2", w, _scale("channel", 16), (3, 24))
-    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=NATIVE)
     assert _fp8_kernels(compiled)
     x = rng.standard_normal((3, 24)).astype(np.float32) + 0.5
     got, want = compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0]
@@ -179,7 +193,7 @@ def test_e4m3fn_nan_weight_is_refused_by_name(rng):
     model = _model("float8_e4m3fn", w, _scale("tensor", 16), (2, 32))
     with pytest.raises(tvm_lowprec.LowPrecError, match=r"float8_e4m3fn weight \[32, 16\]: 1 weight\(s\) are NaN "
                                                        r"\(first at \[5, 9\], byte 0xFF\)"):
-        tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+        tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")  # either path refuses it
 
 
 @pytest.mark.parametrize("case", ["zero_point", "scale_along_k"])
@@ -190,8 +204,8 @@ def test_what_the_kernel_declines_stays_a_correct_float_matmul(case, rng):
         model = _model(fmt, w, _scale("tensor", n), (2, k), zero_point=np.array(0x38, np.uint8))
     else:  # a scale per row of W (along K) cannot be applied after the sum
         model = _model(fmt, w, np.linspace(0.1, 1, k).astype(np.float32), (2, k), axis=0)
-    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
-    assert not _fp8_kernels(compiled)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=NATIVE)
+    assert not _fp8_kernels(compiled) and not [k for k in compiled.kernels() if k.op == "bf16_gemm"]
     x = rng.standard_normal((2, k)).astype(np.float32)
     if case == "zero_point":  # onnx.reference refuses it; the converter subtracts it (float8 values)
         values = w.view(MDT[fmt]).astype(np.float32) - np.array(0x38, np.uint8).view(MDT[fmt]).astype(np.float32)
@@ -201,7 +215,7 @@ def test_what_the_kernel_declines_stays_a_correct_float_matmul(case, rng):
     _check_close(compiled(x)[0], want)
 
 
-ROWS = [s for s in registered_targets("cpu").values() if s.gemm.vector_bits in {t.vector_bits for t in FP8_TILES}]
+ROWS = [_fp32_path(s) for s in registered_targets("cpu").values() if s.gemm.vector_bits in {t.vector_bits for t in FP8_TILES}]
 REGISTER = {256: "ymm", 512: "zmm"}
 
 

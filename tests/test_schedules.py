@@ -122,16 +122,23 @@ def test_a_layout_change_with_few_channels_vectorizes_along_the_rows(channels, v
 
 
 def test_cli_flags_a_kernel_no_rule_scheduled(tmp_path, capsys):
-    """An FP32 model's float matmuls have no rule yet: the CLI table says so."""
+    """A float grouped convolution (two groups: neither one group nor depthwise) has no rule yet: the
+    CLI table says so. (FP32 matmuls and convolutions have theirs: tests/test_fp32_kernels.py.)"""
+    from onnx import numpy_helper
+
     from tvm_lowprec.cli import main
 
-    path = tmp_path / "attention_fp32.onnx"
-    onnx.save(_attention(), path)
+    w = np.random.default_rng(0).standard_normal((8, 2, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=2, pads=[1] * 4)], "grouped",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "grouped_fp32.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     assert main(["run", str(path), "--repeat", "2"]) == 0
     out = capsys.readouterr().out
     flag = next(line for line in out.splitlines() if line.startswith("!!"))
-    assert "schedule 'none'" in flag and "matmul" in flag
-    assert any(line.split()[-4:-3] == ["none"] or " none " in line for line in out.splitlines() if line.startswith("matmul"))
+    assert "schedule 'none'" in flag and "conv2d" in flag
+    assert any(line.split()[-4:-3] == ["none"] or " none " in line for line in out.splitlines() if line.startswith("conv2d"))
 
 
 def test_cli_kernel_table_fits_120_columns(tmp_path, capsys, rng):

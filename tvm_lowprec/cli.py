@@ -8,6 +8,7 @@
     tvm-lowprec run model.onnx --target arm64-dotprod --rpc board:9090
     tvm-lowprec run model.onnx --database tuning/
     tvm-lowprec run detector.onnx --shape images=1x3x480x480   # dynamic axes fixed, shapes folded
+    tvm-lowprec quantize model.onnx --data samples.npz --out model_qdq.onnx [--config cfg.json] [--target-sqnr 20]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 import numpy as np
 
-from .errors import DynamicShapeError
+from .errors import DynamicShapeError, LowPrecError
 
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "data", "demo_mlp_qdq.onnx")
 
@@ -119,10 +120,26 @@ def _median_seconds(fn, repeat: int) -> float:
     return float(np.median(times))
 
 
+QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
+                 "ConvInteger", "DynamicQuantizeLinear", "MatMulNBits", "QGemm", "QLinearAdd"}
+
+
+def _is_fp32(path: str) -> bool:
+    """No quantization operator anywhere in the graph."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    return not any(n.op_type in QUANTIZED_OPS for n in model.graph.node)
+
+
 def cmd_run(args) -> int:
     import tvm_lowprec
 
     path = args.model or DEMO_MODEL
+    if _is_fp32(path):
+        print(f"{path} has no quantization operators: it runs in FP32 here (float kernels). To run it on integer "
+              f"kernels, quantize it first:\n  tvm-lowprec quantize {path} --data SAMPLES.npz --out "
+              f"{os.path.splitext(path)[0]}_qdq.onnx\n", file=sys.stderr)
     t0 = _step(f"importing {path}")
     mod = tvm_lowprec.from_onnx(path, shape_dict=args.shape)
     _done(t0)
@@ -265,6 +282,143 @@ def cmd_targets(_args) -> int:
     return 0
 
 
+class DataError(ValueError):
+    """Calibration data that cannot be used (names the file, input or sample)."""
+
+
+def _input_specs(path: str) -> list[tuple[str, list]]:
+    """(name, dims: int or None for a dynamic one) of the graph inputs that are not initializers."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    return [(vi.name, [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim])
+            for vi in model.graph.input if vi.name not in inits]
+
+
+def load_samples(data_path: str, inputs: list[tuple[str, list]]) -> list[dict[str, np.ndarray]]:
+    """Samples from ``data_path``: a ``.npz`` whose keys are the input names, each an array with the samples
+    stacked on a new first axis ``[N, *input shape]``; or a folder of ``.npy`` files, one per input named
+    ``<input name>.npy`` stacked the same way, or (a one-input model) one sample per file, in name order."""
+    names = [n for n, _ in inputs]
+    if os.path.isdir(data_path):
+        files = sorted(f for f in os.listdir(data_path) if f.endswith(".npy"))
+        if not files:
+            raise DataError(f"--data {data_path}: no .npy files in the folder")
+        stems = {f[:-4]: f for f in files}
+        if set(names) <= set(stems):
+            arrays = {n: np.load(os.path.join(data_path, stems[n])) for n in names}
+        elif len(names) == 1:
+            arrays = {names[0]: np.stack([np.load(os.path.join(data_path, f)) for f in files])}
+        else:
+            raise DataError(f"--data {data_path}: the model's inputs are {names}; the folder needs one "
+                            f"<input name>.npy per input, and has {sorted(stems)}")
+    elif data_path.endswith(".npz"):
+        with np.load(data_path) as archive:
+            arrays = {k: archive[k] for k in archive.files}
+        missing = [n for n in names if n not in arrays]
+        if missing:
+            raise DataError(f"--data {data_path}: no array for input(s) {missing}; the model's inputs are "
+                            f"{names}, the file has {sorted(arrays)}")
+    else:
+        raise DataError(f"--data {data_path}: expected a .npz file or a folder of .npy files")
+    counts = {n: len(arrays[n]) for n in names}
+    if len(set(counts.values())) != 1:
+        raise DataError(f"--data {data_path}: the inputs have different sample counts {counts}")
+    samples = []
+    for i in range(next(iter(counts.values()))):
+        sample = {}
+        for name, dims in inputs:
+            value = np.asarray(arrays[name][i])
+            if len(dims) != value.ndim or any(d is not None and d != v for d, v in zip(dims, value.shape)):
+                raise DataError(f"--data {data_path}: sample {i} of input {name!r} has shape {list(value.shape)}; "
+                                f"the model takes {['?' if d is None else d for d in dims]} (stack samples on a new "
+                                f"first axis)")
+            if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+                raise DataError(f"--data {data_path}: sample {i} of input {name!r} has NaN/Inf values")
+            sample[name] = value
+        samples.append(sample)
+    if not samples:
+        raise DataError(f"--data {data_path}: no samples")
+    return samples
+
+
+def _sqnr_db(refs, outs) -> float:
+    ref = np.concatenate([np.asarray(r, np.float64).ravel() for r in refs])
+    err = ref - np.concatenate([np.asarray(o, np.float64).ravel() for o in outs])
+    return float("inf") if not err.any() else float(10 * np.log10(np.sum(ref ** 2) / np.sum(err ** 2)))
+
+
+def _check_ort_loads(path: str) -> None:
+    """Say so when ONNX Runtime's default optimizations cannot load the exported file (onnxruntime 1.32's
+    MatMulAddFusion fails on some MatMul(DQ, DQ) + Add(DQ bias) graphs), and how to load it anyway."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return
+    try:
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as err:  # noqa: BLE001 - ORT raises its own classes
+        print(f"\nnote: onnxruntime {ort.__version__} with its default optimizations cannot load {path}: "
+              f"{str(err).splitlines()[0][-200:]}\n  it loads with InferenceSession(path, "
+              f"disabled_optimizers=['MatMulAddFusion']) or graph_optimization_level=ORT_DISABLE_ALL", file=sys.stderr)
+
+
+def cmd_quantize(args) -> int:
+    import dataclasses
+    import logging
+
+    import tvm_lowprec
+    from tvm_lowprec.ptq import QuantConfig, accuracy_report
+    from tvm_lowprec.ptq.export_onnx import export_qdq
+    from tvm_lowprec.ptq.quantize import output_names, quantize_with_plans
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    inputs = _input_specs(args.model)
+    samples = load_samples(args.data, inputs)
+    shape_dict = dict(args.shape or {})
+    for name, dims in inputs:  # dynamic dims fixed to the data's shapes
+        if name not in shape_dict and any(d is None for d in dims):
+            shape_dict[name] = list(samples[0][name].shape)
+    if args.config:
+        with open(args.config) as f:
+            config = QuantConfig.from_json(f.read())
+    else:
+        config = QuantConfig.for_target(args.target)
+    if args.target_sqnr is not None:
+        config = dataclasses.replace(config, target_sqnr=args.target_sqnr)
+    t0 = _step(f"importing {args.model}")
+    mod = tvm_lowprec.from_onnx(args.model, shape_dict=shape_dict or None)
+    _done(t0)
+    t0 = _step(f"quantizing on {len(samples)} sample(s)")
+    qmod, plans = quantize_with_plans(mod, samples, config, target=args.target, progress=True)
+    _done(t0)
+    out = args.out or os.path.splitext(args.model)[0] + "_qdq.onnx"
+    export_qdq(args.model, plans, out, shape_dict or None)
+    stem = os.path.splitext(out)[0]
+    report = accuracy_report(mod, qmod, samples, target=args.target, progress=False)
+    with open(stem + ".report.md", "w") as f:
+        f.write(report.table() + "\n")
+    report.plot(stem + ".report.png")
+    print(report.table())
+    print(f"\nwrote {out} ({len(plans)} quantized layer(s)), {stem}.report.md, {stem}.report.png")
+    fp32, ours = _ort_session(args.model, 1), tvm_lowprec.compile(qmod, target=args.target)
+    _check_ort_loads(out)
+    exported = _ort_session(out, 1, optimized=False)
+    if fp32 is not None and exported is not None:
+        names = output_names(mod)
+        refs = [fp32.run(None, s) for s in samples]
+        rows = []
+        for i, name in enumerate(names):
+            ref = [r[i] for r in refs]
+            rows.append({"output": name, "tvm-lowprec (dB)": f"{_sqnr_db(ref, [ours(s)[i] for s in samples]):.2f}",
+                         "onnxruntime, exported QDQ (dB)":
+                             f"{_sqnr_db(ref, [exported.run(None, s)[i] for s in samples]):.2f}"})
+        print("\nSQNR against FP32 (onnxruntime) on the data given:")
+        print(_table(rows))
+    return 0
+
+
 def parse_shape(text: str) -> tuple[str, list[int]]:
     """``"images=1x3x480x480"`` -> ``("images", [1, 3, 480, 480])``."""
     name, sep, dims = text.rpartition("=")
@@ -307,14 +461,33 @@ def main(argv=None) -> int:
     tune.add_argument("--rpc-key", help="the tracker key of the machines to measure on")
     _add_shape_option(tune)
     tune.set_defaults(func=cmd_tune)
+    quant = sub.add_parser("quantize", help="post-training quantization of an FP32 ONNX model into an ONNX QDQ "
+                           "model, with an accuracy report")
+    quant.add_argument("model", help="FP32 ONNX file")
+    quant.add_argument("--data", required=True, help="calibration samples: a .npz keyed by input name, each "
+                       "[N, *input shape], or a folder of .npy files (<input name>.npy, same stacking; or, for a "
+                       "one-input model, one sample per file)")
+    quant.add_argument("--out", help="the QDQ ONNX file to write (default: MODEL_qdq.onnx); the report goes "
+                       "beside it (.report.md, .report.png)")
+    quant.add_argument("--config", help="a QuantConfig as JSON (QuantConfig.to_json(); docs/ptq.md)")
+    quant.add_argument("--target-sqnr", type=float, help="keep layers in FP32 until every output's SQNR "
+                       "against FP32 reaches this (dB)")
+    quant.add_argument("--target", default="native", help="the target row quantize calibrates and measures on")
+    _add_shape_option(quant)
+    quant.set_defaults(func=cmd_quantize)
     targets = sub.add_parser("targets", help="list the registered targets")
     targets.set_defaults(func=cmd_targets)
     args = parser.parse_args(argv)
     args.shape = dict(getattr(args, "shape", None) or {}) or None
     try:
         return args.func(args)
-    except DynamicShapeError as err:
+    except (DynamicShapeError, DataError) as err:
         print(f"tvm-lowprec {args.command}: {err}", file=sys.stderr)
+        return 2
+    except LowPrecError as err:
+        if args.command != "quantize":
+            raise
+        print(f"tvm-lowprec quantize: {err}", file=sys.stderr)
         return 2
 
 

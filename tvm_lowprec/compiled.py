@@ -125,7 +125,7 @@ class Compiled:
         if self._runnable is None:
             from .targets import host_features
 
-            missing = sorted(set(self.spec.features) - set(host_features()))
+            missing = sorted(set(self.spec.code_features) - set(host_features()))
             raise LowPrecError(f"this host lacks {missing} for {self.spec.name}, and the build cannot be emulated here; "
                                "compile for a row this host runs, or run it on a machine that has them")
         if timed and self.execution == "emulated":

@@ -80,9 +80,9 @@ def _host_is_x86_64() -> bool:
 
 
 def row_intrinsics(spec) -> tuple:
-    """Every intrinsic a CPU row's kernels may call: its GEMM recipes, its 16-bit activation recipe
-    and its 4-bit weight dot product."""
-    extra = (spec.int16, spec.nibble)
+    """Every intrinsic a CPU row's kernels may call: its GEMM recipes, its 16-bit activation recipe,
+    its 4-bit weight dot product and its bf16 dot product."""
+    extra = (spec.int16, spec.nibble, spec.bf16)
     return (*(r.intrin for r in spec.recipes()), *(r.intrin for r in extra if r is not None))
 
 

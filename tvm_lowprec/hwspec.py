@@ -8,6 +8,7 @@ integer GEMM uses and a tile table. Schedules read these rows; they never name a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -118,7 +119,7 @@ class Tile:
 class GemmRecipe:
     """An intrinsic with the tile table tuned for it."""
 
-    intrin: GemmIntrin | NibbleIntrin
+    intrin: GemmIntrin | NibbleIntrin | Bf16Intrin | FmaIntrin
     tiles: tuple[Tile, ...]
 
     def __post_init__(self):
@@ -163,6 +164,51 @@ class NibbleIntrin:
 
 
 @dataclass(frozen=True)
+class FmaIntrin:
+    """A float32 fused multiply-add on ``vector_bits`` vectors (``vfmadd231ps`` ymm/zmm, Neon ``fmla``):
+    the float GEMM's instruction (:mod:`tvm_lowprec.kernels.fp32_gemm`). ``registers``: the vector
+    register file a tile's accumulators, weight vectors and broadcast must fit."""
+
+    name: str
+    vector_bits: int
+    registers: int
+    features: tuple[str, ...] = ()
+
+    @property
+    def lanes(self) -> int:
+        return self.vector_bits // 32
+
+
+@dataclass(frozen=True)
+class Bf16Intrin:
+    """A bf16 pair dot product into float32 (``vdpbf16ps``, AVX512_BF16): per float32 lane
+    ``C[i] += A[1] * B[i, 1]``, then ``C[i] += A[0] * B[i, 0]`` (that order, each step an FMA with
+    denormal inputs read as zero and denormal results flushed: :mod:`tvm_lowprec.intrin.x86_bf16`),
+    ``A`` one pair of bf16 activations broadcast to every lane, ``B`` ``lanes`` pairs of bf16 weights,
+    a pair per 32-bit lane (the instruction's operand layout; the kernel packs weights so).
+
+    ``intrin``: the registered tensor intrinsic; ``llvm_import``: LLVM IR defining the function its
+    impl calls (linked into the kernel and inlined: :data:`tvm_lowprec.intrin.x86_bf16.IMPORT_PRAGMA`);
+    ``registers``: the vector register file a tile's accumulators and weight vectors must fit.
+    """
+
+    name: str
+    lanes: int
+    vector_bits: int
+    registers: int
+    intrin: str
+    llvm_import: str = ""
+    features: tuple[str, ...] = ()
+    # LLVM intrinsic name -> its semantics (tvm_lowprec.intrin.semantics): what runs the row emulated
+    emulation: Mapping[str, object] = field(default_factory=dict)
+    kstep = 2  # class constant: bf16 values per float32 lane
+
+    def __post_init__(self):
+        if self.lanes * 32 != self.vector_bits:
+            raise ValueError(f"{self.name}: {self.lanes} float32 lanes do not fill {self.vector_bits} bits")
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A compilation target: the LLVM target, what the CPU must have, and the GEMM recipe."""
 
@@ -188,8 +234,18 @@ class TargetSpec:
     # int16 x int8 GEMMs (16-bit activations, :mod:`tvm_lowprec.kernels.qgemm16`): None where such
     # layers stay float
     int16: GemmRecipe | None = None
+    # float32 GEMMs and convolutions (layers left float: FP32 models, PTQ fallbacks, calibration): an
+    # FmaIntrin with its tiles; None leaves them to TVM's default lowering (unscheduled)
+    fma: GemmRecipe | None = None
+    # bf16 float GEMMs (:mod:`tvm_lowprec.kernels.bf16_gemm`: float8 weights widened to bf16, bfloat16
+    # PTQ layers): a Bf16Intrin with its tiles. Optional: not every CPU of a row has it (AVX512_BF16 is in
+    # Cooper Lake, Sapphire Rapids and Zen 4/5, not in Cascade Lake or Ice Lake, which have VNNI), so its
+    # features are not the row's, and a spec derived for one CPU drops it where that CPU lacks them
+    # (:meth:`for_cpu`); None: such layers run in float32
+    bf16: GemmRecipe | None = None
 
     device = "cpu"  # class constant (not a field): what selects the schedule rules and the lowering
+    optional = ("bf16",)  # class constant: the recipes whose features a CPU of the row may lack
     float32_requant = True  # the float32 requantization of :func:`~tvm_lowprec.kernels.qgemm.requant_f32`
 
     @property
@@ -212,6 +268,45 @@ class TargetSpec:
                 raise ValueError(f"{self.name}: intrinsic {recipe.intrin.name} needs {sorted(missing)}")
         if self.nibble is not None:
             self._check_nibble()
+        if self.fma is not None:
+            self._check_fma()
+        if self.bf16 is not None:
+            self._check_bf16()
+
+    def _check_bf16(self):
+        intrin = self.bf16.intrin
+        if not isinstance(intrin, Bf16Intrin):
+            raise ValueError(f"{self.name}: the bf16 recipe needs a Bf16Intrin, not {type(intrin).__name__}")
+        for tile in self.bf16.tiles:
+            if tile.mr * tile.nr + tile.nr + 1 > intrin.registers:
+                raise ValueError(f"{self.name}: bf16 tile {tile.mr}x{tile.nr} ({tile.mr * tile.nr} accumulators + "
+                                 f"{tile.nr} weights + 1 broadcast) does not fit {intrin.registers} registers")
+
+    @property
+    def code_features(self) -> tuple[str, ...]:
+        """Every CPU feature this spec's kernels may use: the row's own and its optional recipes'
+        (what a host must have to run the spec's code natively)."""
+        recipes = [getattr(self, name) for name in self.optional]
+        extra = [f for recipe in recipes if recipe is not None for f in recipe.intrin.features]
+        return tuple(dict.fromkeys((*self.features, *extra)))
+
+    def for_cpu(self, features) -> TargetSpec:
+        """This spec without the optional recipes whose features a CPU with ``features`` lacks (a
+        Cascade Lake gets the VNNI row without its bf16 recipe)."""
+        have = set(features)
+        drop = {name: None for name in self.optional
+                if getattr(self, name) is not None and not set(getattr(self, name).intrin.features) <= have}
+        return dataclasses.replace(self, **drop) if drop else self
+
+    def _check_fma(self):
+        intrin = self.fma.intrin
+        missing = set(intrin.features) - set(self.features)
+        if missing:
+            raise ValueError(f"{self.name}: float32 FMA {intrin.name} needs {sorted(missing)}")
+        for tile in self.fma.tiles:
+            if tile.mr * tile.nr + tile.nr + 1 > intrin.registers:
+                raise ValueError(f"{self.name}: FMA tile {tile.mr}x{tile.nr} ({tile.mr * tile.nr} accumulators + "
+                                 f"{tile.nr} weights + 1 broadcast) does not fit {intrin.registers} registers")
 
     def _check_nibble(self):
         intrin = self.nibble.intrin
@@ -275,6 +370,8 @@ class CudaTargetSpec:
     bounded: tuple = ()
     qemu_cpu = ""
     int16 = None  # no int16 x int8 GEMM: 16-bit activations stay float
+    fma = None  # no float32 FMA recipe: float layers go to the GPU pipeline's dlight rules
+    bf16 = None  # no bf16 GEMM: float8 and bfloat16 layers take their float32 path
     float32_requant = False  # the FMA trick is LLVM-only; GPUs requantize through float64
 
     def __post_init__(self):

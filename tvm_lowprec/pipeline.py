@@ -6,7 +6,9 @@
    convolutions' NHWC layout carried through the layers between them
    (:mod:`~tvm_lowprec.quant.propagate_layout`), softmax and layer norm of 8-bit tensors as 8-bit
    kernels (:mod:`~tvm_lowprec.quant.row_ops`), float functions of one 8-bit tensor (Sigmoid,
-   SiLU, GELU) as 256-entry tables (:mod:`~tvm_lowprec.quant.lookup_tables`), and, optionally, TVM's FastMathTransform for the float operators left between quantized ones
+   SiLU, GELU) as 256-entry tables (:mod:`~tvm_lowprec.quant.lookup_tables`), then the float32 matmuls and
+   convolutions left with constant weights as packed FMA kernels (:mod:`~tvm_lowprec.quant.float_gemm`),
+   and, optionally, TVM's FastMathTransform for the float operators left between quantized ones
 2. legalize and fuse: TVM's LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR
 3. schedule: every PrimFunc goes through the schedule rules (:mod:`tvm_lowprec.schedule`)
 4. lower: TVM's CPU dataflow-lowering and finalize passes (memory planning, VM lowering)
@@ -20,6 +22,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu
 from tvm.relax.backend.cuda import pipeline as cuda
 
 from .quant.finite_quantize import finite_quantize_module
+from .quant.float_gemm import float_gemm_module
 from .quant.fold_qdq import fold_qdq_module
 from .quant.legalize import LEGALIZE
 from .quant.lookup_tables import lookup_tables_module
@@ -72,6 +75,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     mod = weight_only_module(mod, spec, weight_only)
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
     mod = lookup_tables_module(row_ops_module(mod))
+    mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
     mod = finite_quantize_module(mod)

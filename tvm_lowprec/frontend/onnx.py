@@ -121,6 +121,7 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
         raise
     linear = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node) if n.op_type in LINEAR_NODES]
     attrs = {"lowprec.input_names": names, "lowprec.linear_nodes": linear}
+    attrs["lowprec.output_names"] = [o.name for o in model.graph.output]  # for tvm_lowprec.ptq's per-output SQNR
     if narrow_inputs or any(narrow_outputs):  # int4/uint4/int2/uint2 tensors carried as 8-bit ones
         attrs["lowprec.narrow_inputs"] = narrow_inputs
         attrs["lowprec.narrow_outputs"] = narrow_outputs

@@ -132,3 +132,95 @@ class HalfToFloatSemantics:
 # Target intrinsics that TVM's own codegen writes for some rows (not a tensor intrinsic's impl): part
 # of what :func:`tvm_lowprec.emulation.known_semantics` knows, so those builds run emulated too.
 CODEGEN_SEMANTICS = {"llvm.x86.avx512.mask.vcvtph2ps.512": HalfToFloatSemantics()}
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16 pair dot products (AVX512_BF16). The instruction's definition, from the pseudo-code of
+# VDPBF16PS in Intel's "Architecture Instruction Set Extensions and Future Features Programming
+# Reference" (May 2019; since then in the SDM, vol. 2): per float32 lane i,
+#
+#     srcdest.fp32[i] += make_fp32(src1.bfloat16[2*i+1]) * make_fp32(t.bfloat16[1])
+#     srcdest.fp32[i] += make_fp32(src1.bfloat16[2*i+0]) * make_fp32(t.bfloat16[0])
+#
+# ("FP32 FMA with daz in, ftz out and RNE rounding. MXCSR neither consulted nor updated"), where
+# make_fp32 puts the bf16 bits in the top half of a float32 and ``t`` is src2's dword i (or dword 0,
+# broadcast from memory). So: the odd pair's product first, then the even one's, each a fused
+# multiply-add rounded to nearest even; denormal inputs (of both products and of the accumulator) read
+# as zero, a denormal result is flushed to a zero of its sign. Bochs implements it the same way
+# (cpu/avx/avx512_bf16.cc: two f32_mulAdd, high halves first, denormals-are-zero and
+# flush-to-zero set).
+#
+# "Denormal result" is x86's underflow condition: tininess detected *after* rounding (SDM vol. 1,
+# 4.9.1.5: the result rounded to 24 bits with an unbounded exponent is below 2**-126). An IEEE result
+# with gradual underflow is below 2**-126 exactly when that holds, except for exact sums in
+# [2**-126 - 2**-150, 2**-126 - 2**-151), whose IEEE result is 2**-126 although they are tiny: for a
+# result of magnitude 2**-126 the sum is recomputed scaled by 2**24 (exact: where it matters every
+# operand is far from overflow) and flushed when that is below 2**-102.
+#
+# Not modelled: which NaN comes out when several operands are NaN (the SDM's table 5-1 gives
+# priorities; here the result is NaN whenever the instruction's is, with LLVM's payload).
+
+_MIN_NORMAL = "0x3810000000000000"  # 2**-126, as LLVM IR writes a float constant (a double's bits)
+_SCALE = "0x4170000000000000"  # 2**24
+_SCALED_MIN_NORMAL = "0x3990000000000000"  # 2**-102
+
+
+@dataclass(frozen=True)
+class Bf16DotSemantics:
+    """What ``@llvm.x86.avx512bf16.dpbf16ps.<bits>`` computes (see the comment above), in generic LLVM
+    IR: ``(acc <lanes x float>, a <2*lanes x bfloat>, b <2*lanes x bfloat>) -> <lanes x float>``."""
+
+    lanes: int
+
+    def llvm_ir(self, name: str) -> str:
+        n, n2 = self.lanes, 2 * self.lanes
+        v, vi = f"<{n} x float>", f"<{n} x i32>"
+        odd = ", ".join(f"i32 {2 * i + 1}" for i in range(n))
+        even = ", ".join(f"i32 {2 * i}" for i in range(n))
+        body = []
+        for x in ("a", "b"):  # make_fp32, then denormals-are-zero
+            body += [f"%{x}i = bitcast <{n2} x bfloat> %{x} to <{n2} x i16>",
+                     f"%{x}w = zext <{n2} x i16> %{x}i to <{n2} x i32>",
+                     f"%{x}s = shl <{n2} x i32> %{x}w, splat (i32 16)",
+                     *_daz(f"%{x}s", f"%{x}d", f"<{n2} x i32>", n2),
+                     f"%{x}f = bitcast <{n2} x i32> %{x}d to <{n2} x float>",
+                     f"%{x}1 = shufflevector <{n2} x float> %{x}f, <{n2} x float> poison, <{n} x i32> <{odd}>",
+                     f"%{x}0 = shufflevector <{n2} x float> %{x}f, <{n2} x float> poison, <{n} x i32> <{even}>"]
+        body += [f"%ci = bitcast {v} %acc to {vi}", *_daz("%ci", "%cd", vi, n), f"%c = bitcast {vi} %cd to {v}"]
+        body += _fma_ftz("%a1", "%b1", "%c", "%s1", n)  # the odd pair first
+        body += _fma_ftz("%a0", "%b0", "%s1", "%s0", n)
+        body.append(f"ret {v} %s0")
+        return "\n".join([f"define internal {v} @{name}({v} %acc, <{n2} x bfloat> %a, <{n2} x bfloat> %b) alwaysinline {{"]
+                         + [f"  {line}" for line in body] + ["}", ""])
+
+
+def _daz(bits: str, out: str, ty: str, n: int) -> list[str]:
+    """``out``: the float32 bits ``bits`` with a denormal (exponent field 0) replaced by a zero of its sign."""
+    t = out[1:]
+    return [f"%{t}.e = and {ty} {bits}, splat (i32 2139095040)",  # 0x7F800000
+            f"%{t}.z = icmp eq {ty} %{t}.e, zeroinitializer",
+            f"%{t}.s = and {ty} {bits}, splat (i32 -2147483648)",  # the sign bit
+            f"{out} = select <{n} x i1> %{t}.z, {ty} %{t}.s, {ty} {bits}"]
+
+
+def _fma_ftz(a: str, b: str, c: str, out: str, n: int) -> list[str]:
+    """``out = a * b + c`` rounded once to nearest even, flushed to a signed zero when tiny after rounding."""
+    v, vi, t = f"<{n} x float>", f"<{n} x i32>", out[1:]
+    fma = f"@llvm.fma.v{n}f32"
+    return [
+        f"%{t}.r = call {v} {fma}({v} {a}, {v} {b}, {v} {c})",
+        f"%{t}.m = call {v} @llvm.fabs.v{n}f32({v} %{t}.r)",
+        f"%{t}.lt = fcmp olt {v} %{t}.m, splat (float {_MIN_NORMAL})",  # below 2**-126 however rounded
+        f"%{t}.eq = fcmp oeq {v} %{t}.m, splat (float {_MIN_NORMAL})",  # 2**-126: maybe tiny before it rounded up
+        f"%{t}.as = fmul {v} {a}, splat (float {_SCALE})",
+        f"%{t}.cs = fmul {v} {c}, splat (float {_SCALE})",
+        f"%{t}.rs = call {v} {fma}({v} %{t}.as, {v} {b}, {v} %{t}.cs)",
+        f"%{t}.ms = call {v} @llvm.fabs.v{n}f32({v} %{t}.rs)",
+        f"%{t}.ls = fcmp olt {v} %{t}.ms, splat (float {_SCALED_MIN_NORMAL})",
+        f"%{t}.edge = and <{n} x i1> %{t}.eq, %{t}.ls",
+        f"%{t}.tiny = or <{n} x i1> %{t}.lt, %{t}.edge",
+        f"%{t}.ri = bitcast {v} %{t}.r to {vi}",
+        f"%{t}.sign = and {vi} %{t}.ri, splat (i32 -2147483648)",
+        f"%{t}.zero = bitcast {vi} %{t}.sign to {v}",
+        f"{out} = select <{n} x i1> %{t}.tiny, {v} %{t}.zero, {v} %{t}.r",
+    ]

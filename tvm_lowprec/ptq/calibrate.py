@@ -9,6 +9,8 @@ input with the wrong name.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 import numpy as np
@@ -69,6 +71,20 @@ def normalise_sample(sample, names: list[str], index: int) -> dict[str, np.ndarr
     return feed
 
 
+def _update(pool, stats: dict, keys: list, values: list, index: int) -> None:
+    """Each key's statistics updated with its tensor, the keys in parallel: the statistics cost more
+    than the model run per sample (benchmarks/results/models/calibration.md), and numpy releases the
+    GIL in them. Each key has its own collector (with its own generator), so the results do not depend
+    on the order. NaN/Inf stops it first, naming the first such key."""
+    finite = list(pool.map(lambda v: bool(np.all(np.isfinite(v))), values))
+    for key, ok in zip(keys, finite):
+        if not ok:
+            raise CalibrationError(f"calibration sample {index}: {key} has NaN/Inf values (the FP32 model "
+                                   f"overflows or divides by zero on this input)")
+    for _ in pool.map(lambda kv: stats[kv[0]].update(kv[1]), zip(keys, values)):
+        pass
+
+
 def calibrate(mod: tvm.IRModule, tensors: dict[str, relax.Var], samples: Iterable, *, progress: bool = True,
               target="native", collectors: dict | None = None) -> dict:
     """Run ``mod`` on every sample; statistics of each ``tensors`` entry (key: what errors call it).
@@ -91,16 +107,13 @@ def calibrate(mod: tvm.IRModule, tensors: dict[str, relax.Var], samples: Iterabl
     stats = {k: given[k] if k in given else TensorStats(seed=i) for i, k in enumerate(keys)}
     total = len(samples) if hasattr(samples, "__len__") else None
     count = 0
-    for index, sample in enumerate(tqdm(samples, total=total, desc="calibrating", disable=not progress, leave=False)):
-        feed = normalise_sample(sample, names, index)
-        values = [np.asarray(v) for v in compiled(feed)[-len(outputs):]]
-        for key in keys:
-            value = values[position[key]]
-            if not np.all(np.isfinite(value)):
-                raise CalibrationError(f"calibration sample {index}: {key} has NaN/Inf values (the FP32 model "
-                                       f"overflows or divides by zero on this input)")
-            stats[key].update(value)
-        count += 1
+    bar = tqdm(samples, total=total, desc="calibrating", unit="sample", disable=not progress, leave=False)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for index, sample in enumerate(bar):  # the bar shows samples per second
+            feed = normalise_sample(sample, names, index)
+            values = [np.asarray(v) for v in compiled(feed)[-len(outputs):]]
+            _update(pool, stats, keys, [values[position[k]] for k in keys], index)
+            count += 1
     if count == 0:
         raise CalibrationError("the calibration set is empty")
     return stats

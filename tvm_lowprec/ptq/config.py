@@ -148,6 +148,9 @@ Method = RTN | GPTQ
 
 # quantized dtype -> the 8-bit type that carries its values (4-bit values are stored one per byte)
 CARRIERS = {"uint8": "uint8", "int8": "int8", "uint4": "uint8", "int4": "int8"}
+# float weight dtypes: no scale, no zero point; the layer's activations stay float (``"bfloat16"``:
+# the weights rounded to bf16, on the bf16 GEMM where the target has one: docs/ptq.md)
+FLOAT_WEIGHTS = ("bfloat16",)
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,9 @@ class QuantSpec:
     ``int4``/``uint4`` are for weights ([-8, 7] / [0, 15]; symmetric int4 uses [-7, 7]), with PerGroup
     or PerChannel granularity; their ``bits`` is at most 4 (the default 8 reads as the whole dtype, 4).
     ``method`` (weights only) chooses how the weights are rounded: :class:`RTN` or :class:`GPTQ`.
+    ``bfloat16`` (weights only, for layers too sensitive for 8 bits): the weights rounded to bf16 (to
+    nearest even), the layer's activations left float; granularity, observer, bits and method do not
+    apply.
     """
 
     dtype: str = "uint8"
@@ -169,8 +175,11 @@ class QuantSpec:
     method: Method = field(default_factory=RTN)
 
     def __post_init__(self):
+        if self.dtype in FLOAT_WEIGHTS:
+            return
         if self.dtype not in CARRIERS:
-            raise ConfigError(f"quantized dtype must be one of {sorted(CARRIERS)}, got {self.dtype!r}")
+            raise ConfigError(f"quantized dtype must be one of {sorted(CARRIERS) + list(FLOAT_WEIGHTS)}, "
+                              f"got {self.dtype!r}")
         width = 4 if self.dtype.endswith("4") else 8
         if width == 4 and self.bits == 8:
             object.__setattr__(self, "bits", 4)
@@ -185,11 +194,13 @@ class QuantSpec:
 
     @property
     def carrier(self) -> str:
-        """The 8-bit dtype that holds the quantized values (int8 for int4, uint8 for uint4)."""
-        return CARRIERS[self.dtype]
+        """The 8-bit dtype that holds the quantized values (int8 for int4, uint8 for uint4; bfloat16 itself)."""
+        return CARRIERS.get(self.dtype, self.dtype)
 
     def describe(self) -> str:
-        """A short label: ``"int4 sym g128 GPTQ"``, ``"uint8 per-tensor"``."""
+        """A short label: ``"int4 sym g128 GPTQ"``, ``"uint8 per-tensor"``, ``"bfloat16"``."""
+        if self.dtype in FLOAT_WEIGHTS:
+            return self.dtype
         g, m = self.granularity, self.method
         full = 4 if self.dtype.endswith("4") else 8
         parts = [self.dtype + (f"/{self.bits}b" if self.bits != full else ""), "sym" if self.symmetric else "",
@@ -223,7 +234,9 @@ class QuantConfig:
     :class:`GPTQ` needs the inputs' statistics).
     operators: which operators to quantize (``"matmul"``, ``"conv2d"``: those with constant weights).
     overrides: per-layer settings. target_sqnr: with a value (dB), layers are kept in FP32, the most
-    harmful first, until the model's output SQNR against FP32 reaches it (``quantize`` says which).
+    harmful first, until the model's output SQNR against FP32 reaches it (``quantize`` says which),
+    on every output, or on the outputs named in target_outputs (each output's own SQNR: a large output
+    that stays exact does not hide a small one that does not; unknown names are an error).
     """
 
     activations: QuantSpec | None = DEFAULT_ACTIVATIONS
@@ -231,6 +244,7 @@ class QuantConfig:
     operators: tuple[str, ...] = OPERATORS
     overrides: tuple[LayerOverride, ...] = ()
     target_sqnr: float | None = None
+    target_outputs: tuple[str, ...] | None = None
 
     def __post_init__(self):
         unknown = set(self.operators) - set(OPERATORS)
@@ -238,6 +252,13 @@ class QuantConfig:
             raise ConfigError(f"cannot quantize operator(s) {sorted(unknown)}; supported: {list(OPERATORS)}")
         object.__setattr__(self, "operators", tuple(self.operators))
         object.__setattr__(self, "overrides", tuple(self.overrides))
+        if self.target_outputs is not None:
+            if isinstance(self.target_outputs, str) or not self.target_outputs:
+                raise ConfigError(f"target_outputs must be a non-empty list of output names, got "
+                                  f"{self.target_outputs!r}")
+            object.__setattr__(self, "target_outputs", tuple(str(n) for n in self.target_outputs))
+            if self.target_sqnr is None:
+                raise ConfigError("target_outputs names the outputs target_sqnr is for; set target_sqnr too")
         names = [o.layer for o in self.overrides]
         if len(names) != len(set(names)):
             raise ConfigError(f"more than one override for a layer: {sorted(n for n in names if names.count(n) > 1)}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
-from ..quant.dequantized import emit_blocked_dequantize
+from ..quant.dequantized import emit_bf16_widen, emit_blocked_dequantize
 from .layers import Layer
 
 
@@ -81,6 +81,24 @@ class BlockedWeight:
 
 
 @dataclass(frozen=True)
+class Bf16Weight:
+    """Weights rounded to bfloat16 (``QuantSpec("bfloat16")``): ``bits`` their bf16 bits (uint16, the
+    weight's shape). A matmul's are written as a marked widening (:func:`emit_bf16_widen`), which the
+    weight-only rewrite runs on the bf16 GEMM where the target has one; a conv2d's as the float32
+    constant of the same values (float32 math on the rounded weights, on every row)."""
+
+    bits: np.ndarray
+    conv: bool = False
+
+    def dequantized(self, builder, operand):
+        if self.conv:
+            from ..kernels.bf16_gemm import bf16_to_float32
+
+            return relax.const(bf16_to_float32(self.bits))
+        return emit_bf16_widen(builder, relax.const(self.bits))
+
+
+@dataclass(frozen=True)
 class LayerPlan:
     """What to write for one layer: ``x``/``output`` None for float activations (weight-only);
     ``weight`` any of :class:`TensorQuant` (a run-time second operand), :class:`ConstWeight`,
@@ -88,9 +106,10 @@ class LayerPlan:
 
     layer: Layer
     x: TensorQuant | None
-    weight: TensorQuant | ConstWeight | BlockedWeight
+    weight: TensorQuant | ConstWeight | BlockedWeight | Bf16Weight
     output: TensorQuant | None
     scheme: str = ""
+    note: str = ""  # an adjustment quantize made (weight scales widened so the bias fits int32)
 
 
 def _qdq(builder, expr, q: TensorQuant):

@@ -48,6 +48,7 @@ class Layer:
     # the operands' ranges where their producer bounds them (softmax, sigmoid: [0, 1]; tanh: [-1, 1])
     x_range: tuple[float, float] | None = None
     b_range: tuple[float, float] | None = None
+    bias: np.ndarray | None = None  # the constant bias the chain adds (float32, flattened), if any
 
     @property
     def channel_axis(self) -> int:
@@ -124,7 +125,7 @@ def find_layers(mod: tvm.IRModule) -> list[Layer]:
         if kind == "matmul" and weight.ndim != 2:
             continue
         channels = weight.shape[0] if kind == "conv2d" else weight.shape[-1]
-        out_var, out_call = b.var, b.value
+        out_var, out_call, bias_value = b.var, b.value, None
         while uses.get(out_var, 0) == 1 and out_var in consumer:
             nxt = consumer[out_var]
             value = nxt.value
@@ -133,7 +134,10 @@ def find_layers(mod: tvm.IRModule) -> list[Layer]:
                 value.args[1] if value.args[0].same_as(out_var) else value.args[0], lookup, channels)
             if not (bias or (_is_op(value, _EPILOGUE) and value.args[0].same_as(out_var))):
                 break
+            if bias and bias_value is None:
+                operand = value.args[1] if value.args[0].same_as(out_var) else value.args[0]
+                bias_value = np.asarray(constant(operand, lookup), np.float32).reshape(-1)
             out_var, out_call = nxt.var, value
         layers.append(Layer(name, kind, b.value, b.value.args[0], weight, out_var, out_call,
-                            x_range=_known_range(b.value.args[0], lookup)))
+                            x_range=_known_range(b.value.args[0], lookup), bias=bias_value))
     return layers

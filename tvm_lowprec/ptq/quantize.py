@@ -20,8 +20,10 @@ import tvm
 from tvm import relax
 
 from .calibrate import calibrate, normalise_sample, model_inputs
-from .config import DEFAULT_WEIGHTS, GPTQ, RTN, ConfigError, PerChannel, PerGroup, PerTensor, QuantConfig, QuantSpec
-from .insert_qdq import BlockedWeight, ConstWeight, LayerPlan, TensorQuant, insert_qdq
+from .config import (
+    DEFAULT_WEIGHTS, FLOAT_WEIGHTS, GPTQ, RTN, ConfigError, PerChannel, PerGroup, PerTensor, QuantConfig, QuantSpec,
+)
+from .insert_qdq import Bf16Weight, BlockedWeight, ConstWeight, LayerPlan, TensorQuant, insert_qdq
 from .layers import Layer, find_layers, prepare
 from .observers import SecondMoments, TensorStats, observed_range, qparams, qrange
 from .rounding import NEEDS_MOMENTS, round_weights
@@ -89,6 +91,10 @@ def _grouped_weight(layer: Layer, spec: QuantSpec, hessian) -> BlockedWeight | C
 
 
 def _weight_quant(layer: Layer, spec: QuantSpec, hessian=None) -> BlockedWeight | ConstWeight:
+    if spec.dtype in FLOAT_WEIGHTS:  # rounded to bf16 as vcvtneps2bf16 rounds: to nearest even
+        from ..kernels.bf16_gemm import round_to_bf16
+
+        return Bf16Weight(round_to_bf16(layer.weight), conv=layer.kind == "conv2d")
     if _blocked(layer, spec) or not isinstance(spec.method, RTN):
         return _grouped_weight(layer, spec, hessian)
     quant = _channel_quant(layer, spec)
@@ -96,6 +102,9 @@ def _weight_quant(layer: Layer, spec: QuantSpec, hessian=None) -> BlockedWeight 
 
 
 def _check_activation_spec(where: str, spec: QuantSpec) -> None:
+    if spec.dtype in FLOAT_WEIGHTS:
+        raise ConfigError(f"{where}: {spec.dtype} is a weight spec (weights={spec.dtype!r} keeps the layer's "
+                          f"activations float)")
     if spec.carrier != spec.dtype:
         raise ConfigError(f"{where}: {spec.dtype} is for weights; activations are uint8 or int8, or None to keep "
                           f"them float (weight-only quantization)")
@@ -186,6 +195,49 @@ def _scheme(settings, layer: Layer) -> str:
     return f"W {settings.weights.describe()}, A {a}"
 
 
+# False: leave such channels' scales as calibrated; the integer rewrite then keeps the layer in float QDQ
+# arithmetic (exact to the QDQ graph, slower). For measuring the two treatments (docs/ptq.md).
+WIDEN_OVERFLOWING_BIAS = True
+BIAS_LIMIT = 2**30  # the most accumulator units a quantized bias may take: half of int32, the rest left to
+# the zero-point corrections and the accumulator itself (K * 255 * 127 < 2**30 for K up to 33000)
+
+
+def _fit_bias(layer: Layer, x: TensorQuant, weight: ConstWeight) -> tuple[ConstWeight, str]:
+    """Widen the weight scale of each output channel whose bias, in accumulator units ``s_x * s_w``, would
+    exceed :data:`BIAS_LIMIT` (a near-zero weight channel, e.g. after BatchNormalization folding, meeting a
+    large bias), to ``|bias| / (s_x * BIAS_LIMIT)``, and round that channel's weights again, as ONNX
+    Runtime's quantizer does; returns the weight and a note naming the channels ("" when none)."""
+    if layer.bias is None or x is None:
+        return weight, ""
+    q = weight.quant
+    channels = layer.weight.shape[layer.channel_axis]
+    bias = np.abs(np.broadcast_to(layer.bias.astype(np.float64), (channels,)))
+    s_x = float(np.asarray(x.scale).reshape(-1)[0])
+    scale = np.broadcast_to(q.scale.astype(np.float64), (channels,))
+    need = bias / (s_x * BIAS_LIMIT)
+    bad = np.flatnonzero(need > scale)
+    if not bad.size:
+        return weight, ""
+    if q.scale.ndim == 0:  # one scale for the tensor: widen it for every channel
+        new_scale = np.asarray(np.float32(need.max()))
+    else:
+        new_scale = q.scale.copy()
+        new_scale[bad] = need[bad].astype(np.float32)
+    quant = dataclasses.replace(q, scale=np.asarray(new_scale, np.float32))
+    values = weight.values.copy()
+    axis = layer.channel_axis
+    fresh = quant.quantize(layer.weight)
+    index = [slice(None)] * values.ndim
+    index[axis] = bad if q.scale.ndim else slice(None)
+    values[tuple(index)] = fresh[tuple(index)]
+    widest = float(np.max(need[bad] / scale[bad]))
+    shown = [int(c) for c in bad[:8]] + (["..."] if bad.size > 8 else [])
+    note = (f"layer {layer.name!r}: weight scale of output channel(s) {shown} ({bad.size} of {channels}) widened "
+            f"(up to x{widest:.3g}) so that the bias fits int32 at s_x * s_w (largest |bias| {bias[bad].max():.4g}, "
+            f"weights there at most {np.abs(np.moveaxis(layer.weight, axis, 0)[bad]).max():.3g})")
+    return ConstWeight(values, quant), note
+
+
 def plan_layers(layers, stats_by_var, config: QuantConfig, keep_fp32=(), moments=None) -> list[LayerPlan]:
     """One plan per layer to quantize. ``moments``: var -> :class:`~.observers.SecondMoments` of the
     layer inputs (for GPTQ). Weight-only settings leave ``x``/``output`` None (and skip layers whose
@@ -193,6 +245,8 @@ def plan_layers(layers, stats_by_var, config: QuantConfig, keep_fp32=(), moments
     plans = []
     for layer in layers:
         settings = config.for_layer(layer.name)
+        if settings.weights.dtype in FLOAT_WEIGHTS:  # bfloat16 weights: the activations stay float
+            settings = dataclasses.replace(settings, activations=None)
         act = settings.activations
         if settings.skip or layer.name in keep_fp32 or (act is None and layer.runtime_weights):
             continue
@@ -200,7 +254,10 @@ def plan_layers(layers, stats_by_var, config: QuantConfig, keep_fp32=(), moments
                   else _weight_quant(layer, settings.weights, _hessian(layer, settings.weights, moments)))
         x = None if act is None else _activation_quant(stats_by_var[layer.x], act, layer.x_range)
         output = None if act is None else _activation_quant(stats_by_var[layer.output], act)
-        plans.append(LayerPlan(layer, x, weight, output, _scheme(settings, layer)))
+        note = ""
+        if isinstance(weight, ConstWeight) and WIDEN_OVERFLOWING_BIAS:
+            weight, note = _fit_bias(layer, x, weight)
+        plans.append(LayerPlan(layer, x, weight, output, _scheme(settings, layer), note))
     return plans
 
 
@@ -213,17 +270,47 @@ def _with_layer_record(qmod, layers, plans):
     return qmod
 
 
-def _output_sqnr(mod, reference: list[list[np.ndarray]], feeds, target) -> float:
+def output_names(mod) -> list[str]:
+    """The names of ``mod["main"]``'s outputs: the ONNX graph's (``lowprec.output_names``, set by
+    :func:`tvm_lowprec.from_onnx`), else ``output 0``, ``output 1``, ..."""
+    main = mod["main"]
+    ret = main.ret_ty
+    count = len(ret.fields) if isinstance(ret, relax.TupleType) else 1
+    attrs = main.attrs
+    names = [str(n) for n in attrs["lowprec.output_names"]] if attrs is not None and "lowprec.output_names" in attrs \
+        else []
+    return names if len(names) == count else [f"output {i}" for i in range(count)]
+
+
+def _selected_outputs(mod, config: QuantConfig) -> list[int]:
+    """Indices of the outputs ``config.target_sqnr`` must hold on (all, or ``config.target_outputs``)."""
+    names = output_names(mod)
+    if config.target_outputs is None:
+        return list(range(len(names)))
+    unknown = [n for n in config.target_outputs if n not in names]
+    if unknown:
+        raise ConfigError(f"target_outputs {unknown} are not outputs of the model; its outputs are {names}")
+    return [names.index(n) for n in config.target_outputs]
+
+
+def _per_output_sqnr(mod, reference: list[list[np.ndarray]], feeds, target) -> list[float]:
+    """Each output's own SQNR against FP32 over all ``feeds``."""
     import tvm_lowprec
 
     from .report import _Accumulator
 
     compiled = tvm_lowprec.compile(mod, target=target)
-    acc = _Accumulator()
+    accs = [_Accumulator() for _ in reference[0]] if reference else []
     for feed, ref in zip(feeds, reference):
-        for r, q in zip(ref, compiled(feed)):
+        for acc, r, q in zip(accs, ref, compiled(feed)):
             acc.add(r, q)
-    return acc.sqnr_db
+    return [acc.sqnr_db for acc in accs]
+
+
+def _output_sqnr(mod, reference: list[list[np.ndarray]], feeds, target, outputs=None) -> float:
+    """The binding (lowest) SQNR among ``outputs`` (indices; default all)."""
+    per = _per_output_sqnr(mod, reference, feeds, target)
+    return min(per[i] for i in (range(len(per)) if outputs is None else outputs))
 
 
 def _reference(prepared, feeds, target) -> list[list[np.ndarray]]:
@@ -233,29 +320,56 @@ def _reference(prepared, feeds, target) -> list[list[np.ndarray]]:
     return [fp32(feed) for feed in feeds]
 
 
-def fallback(prepared, layers, plans, target_sqnr: float, feeds, target, progress=True):
-    """Keep layers in FP32, the most harmful first, until the output SQNR reaches ``target_sqnr``.
+@dataclass
+class FallbackResult:
+    """What :func:`fallback` did: the plans left, the layers kept in FP32 (in the order kept), the
+    binding output (lowest SQNR among those the target is for) and every output's SQNR after it
+    (by name), and ``alone``: each planned layer's isolated harm, the binding output's SQNR with only
+    that layer quantized."""
 
-    Harm is measured one layer at a time: the output SQNR with only that layer quantized (lowest
-    first). Returns (plans left, names kept in FP32, SQNR reached)."""
+    plans: list
+    kept: list[str]
+    reached: float
+    binding: str
+    per_output: dict[str, float]
+    alone: dict[str, float]
+
+
+def _binding(per: list[float], outputs: list[int], names: list[str]) -> tuple[str, float]:
+    index = min(outputs, key=lambda i: per[i])
+    return names[index], per[index]
+
+
+def fallback(prepared, layers, plans, target_sqnr: float, feeds, target, progress=True, outputs=None,
+             names=None) -> FallbackResult:
+    """Keep layers in FP32, the most harmful first, until every output in ``outputs`` (indices; default
+    all) reaches ``target_sqnr``, each output's SQNR measured on its own.
+
+    Harm is measured one layer at a time: the lowest SQNR among ``outputs`` with only that layer
+    quantized (lowest first); it is measured even when the target already holds, for the report."""
     from tqdm.auto import tqdm
 
     reference = _reference(prepared, feeds, target)
-    current = _output_sqnr(insert_qdq(prepared, plans), reference, feeds, target)
-    if current >= target_sqnr:
-        return plans, [], current
-    alone = {p.layer.name: _output_sqnr(insert_qdq(prepared, [p]), reference, feeds, target)
-             for p in tqdm(plans, desc="sensitivity", disable=not progress, leave=False)}
-    order = sorted(alone, key=lambda name: alone[name])
+    names = names or [f"output {i}" for i in range(len(reference[0]))]
+    outputs = list(range(len(names))) if outputs is None else list(outputs)
+    per = _per_output_sqnr(insert_qdq(prepared, plans), reference, feeds, target)
+    alone = {}
+    for p in tqdm(plans, desc="sensitivity", disable=not progress, leave=False):
+        alone[p.layer.name] = _binding(_per_output_sqnr(insert_qdq(prepared, [p]), reference, feeds, target),
+                                       outputs, names)[1]
     kept: list[str] = []
-    for name in order:
+    for name in sorted(alone, key=lambda n: alone[n]):
+        if _binding(per, outputs, names)[1] >= target_sqnr:
+            break
         kept.append(name)
         left = [p for p in plans if p.layer.name not in kept]
-        current = _output_sqnr(insert_qdq(prepared, left), reference, feeds, target) if left else float("inf")
-        log.info("kept %s in FP32: output SQNR %.2f dB", name, current)
-        if current >= target_sqnr:
-            break
-    return [p for p in plans if p.layer.name not in kept], kept, current
+        per = _per_output_sqnr(insert_qdq(prepared, left), reference, feeds, target) if left \
+            else [float("inf")] * len(names)
+        binding, reached = _binding(per, outputs, names)
+        log.info("kept %s in FP32: lowest output SQNR %.2f dB (%s)", name, reached, binding)
+    binding, reached = _binding(per, outputs, names)
+    return FallbackResult([p for p in plans if p.layer.name not in kept], kept, reached, binding,
+                          dict(zip(names, per)), alone)
 
 
 @dataclass
@@ -362,10 +476,19 @@ def quantize(mod: tvm.IRModule, calibration_data=None, config: QuantConfig | Non
         ``lowprec.ptq_layers`` (each layer's name, op, output tensor and whether it is quantized),
         read by :func:`~tvm_lowprec.ptq.accuracy_report`.
     """
+    return quantize_with_plans(mod, calibration_data, config, observations=observations,
+                               validation_data=validation_data, target=target, progress=progress)[0]
+
+
+def quantize_with_plans(mod: tvm.IRModule, calibration_data=None, config: QuantConfig | None = None, *,
+                        observations=None, validation_data=None, target="native", progress: bool = True):
+    """:func:`quantize`, also returning the :class:`~.insert_qdq.LayerPlan` of every layer left quantized
+    (what :func:`~.export_onnx.export_qdq` writes into the ONNX graph)."""
     from .calibrate import CalibrationError
 
     explicit = config is not None
     config = config if explicit else QuantConfig.for_target(target)
+    _selected_outputs(mod, config)  # unknown target_outputs: an error before calibration
     if observations is None:
         observations = _observe_for(mod, calibration_data, config, target=target, progress=progress)
     prepared = observations.prepared
@@ -380,21 +503,44 @@ def quantize(mod: tvm.IRModule, calibration_data=None, config: QuantConfig | Non
     if config.target_sqnr is not None and not data:
         raise CalibrationError("target_sqnr needs inputs to measure the output SQNR on: give validation_data "
                                "(or calibration_data)")
-    notes = []
+    notes = [p.note for p in plans if p.note]
+    for note in notes:
+        log.warning("%s", note)
     if not explicit and config.weights.bits < DEFAULT_WEIGHTS.bits:
         feeds = [normalise_sample(s, names, i) for i, s in enumerate(data[:COST_SAMPLES])]
         notes.append(_reduced_weights_note(prepared, active, observations, config, plans, feeds, target))
         log.warning("%s", notes[-1])
+    isolated = None
     if config.target_sqnr is not None:
+        selected = _selected_outputs(mod, config)
         feeds = [normalise_sample(s, names, i) for i, s in enumerate(data)]
-        plans, kept, reached = fallback(prepared, layers, plans, config.target_sqnr, feeds, target, progress)
-        if kept:
-            log.warning("kept %d layer(s) in FP32 to reach output SQNR %.1f dB (now %.2f dB): %s",
-                        len(kept), config.target_sqnr, reached, ", ".join(kept))
+        result = fallback(prepared, layers, plans, config.target_sqnr, feeds, target, progress, selected,
+                          output_names(mod))
+        plans, isolated = result.plans, result.alone
+        notes = [n for n in notes if not any(n.startswith(f"layer {k!r}:") for k in result.kept)]  # now FP32
+        notes.append(_fallback_note(config, result, [output_names(mod)[i] for i in selected], len(feeds)))
+        (log.warning if result.kept or result.reached < config.target_sqnr else log.info)("%s", notes[-1])
     qmod = _with_layer_record(insert_qdq(prepared, plans), layers, plans)
+    main = qmod["main"]
     if notes:  # read by accuracy_report
-        qmod[qmod.get_global_var("main")] = qmod["main"].with_attr("lowprec.ptq_notes", notes)
-    return qmod
+        main = main.with_attr("lowprec.ptq_notes", notes)
+    if isolated is not None:
+        main = main.with_attr("lowprec.ptq_isolated", [[n, repr(float(v))] for n, v in isolated.items()])
+    if main is not qmod["main"]:
+        qmod[qmod.get_global_var("main")] = main
+    return qmod, plans
+
+
+def _fallback_note(config: QuantConfig, result: FallbackResult, selected: list[str], samples: int) -> str:
+    per = ", ".join(f"{n} {v:.2f} dB" for n, v in result.per_output.items())
+    what = f"outputs {selected}" if config.target_outputs is not None else "every output"
+    if result.kept:
+        done = f"kept {len(result.kept)} layer(s) in FP32 ({', '.join(result.kept)})"
+    else:
+        done = "kept no layer in FP32"
+    status = "reached" if result.reached >= config.target_sqnr else "NOT reached"
+    return (f"target_sqnr {config.target_sqnr:g} dB on {what}: {done}; {status}: binding output {result.binding!r} "
+            f"at {result.reached:.2f} dB (per output: {per}; {samples} validation sample(s))")
 
 
 COST_SAMPLES = 4  # samples over which quantize measures what a target's reduced weight range costs
@@ -419,4 +565,5 @@ def _reduced_weights_note(prepared, layers, observations, config, plans, feeds, 
             f"config=QuantConfig() keeps 8-bit weights.")
 
 
-__all__ = ["Observations", "fallback", "observe", "plan_layers", "quantize"]
+__all__ = ["FallbackResult", "Observations", "fallback", "observe", "output_names", "plan_layers", "quantize",
+           "quantize_with_plans"]

@@ -3,7 +3,11 @@
 For every layer (:mod:`.layers`) the output of the quantized model, as its integer kernels compute it,
 is compared with the FP32 model's output of the same layer on the same inputs: SQNR in dB
 (``10 log10(sum ref^2 / sum (q - ref)^2)``, over all inputs) and cosine similarity. Errors accumulate
-along the network, so a layer's row shows the damage up to and including that layer.
+along the network, so a layer's row shows the damage up to and including that layer. When
+:func:`~tvm_lowprec.ptq.quantize` ran with ``target_sqnr``, each layer also has its isolated harm
+(``alone``: the binding output's SQNR with only that layer quantized, measured on the validation
+data by the fallback; one compile per layer, so only then). Each output has its own row, by name; the
+lowest is the *binding* output (what ``target_sqnr`` must hold on).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class TensorAccuracy:
     sqnr_db: float
     cosine: float
     scheme: str = ""  # how the layer was quantized ("W int4 sym g128 GPTQ, A float"); "" for outputs
+    # the binding output's SQNR with only this layer quantized (measured by quantize's target_sqnr fallback)
+    alone_db: float | None = None
 
 
 @dataclass
@@ -64,8 +70,14 @@ class AccuracyReport:
 
     @property
     def output_sqnr_db(self) -> float:
-        """SQNR of all final outputs together (the figure :class:`~.config.QuantConfig`'s target_sqnr is for)."""
+        """The lowest SQNR among the final outputs (each output on its own: what
+        :class:`~.config.QuantConfig`'s target_sqnr must hold on)."""
         return min((o.sqnr_db for o in self.outputs), default=float("inf"))
+
+    @property
+    def binding_output(self) -> str | None:
+        """The name of the output with the lowest SQNR."""
+        return min(self.outputs, key=lambda o: o.sqnr_db).name if self.outputs else None
 
     def to_dict(self) -> dict:
         return {"samples": self.samples, "layers": [asdict(r) for r in self.layers],
@@ -76,11 +88,17 @@ class AccuracyReport:
 
     def table(self) -> str:
         """A Markdown table, layers in execution order, then the outputs."""
-        lines = [f"Accuracy against FP32 over {self.samples} input(s)", "",
-                 "| tensor | op | quantized | scheme | SQNR (dB) | cosine |", "|---|---|---|---|---:|---:|"]
+        lines = [(f"Accuracy against FP32 over {self.samples} input(s). SQNR: accumulated up to the tensor; "
+                  "alone: the binding output's SQNR with only that layer quantized (measured by quantize's "
+                  "target_sqnr fallback; '-' when it did not run)"), "",
+                 "| tensor | op | quantized | scheme | SQNR (dB) | alone (dB) | cosine |",
+                 "|---|---|---|---|---:|---:|---:|"]
         for r in self.layers + self.outputs:
+            alone = "-" if r.alone_db is None else f"{r.alone_db:.2f}"
             lines.append(f"| {r.name} | {r.kind} | {'yes' if r.quantized else 'FP32'} | {r.scheme} | {r.sqnr_db:.2f} "
-                         f"| {r.cosine:.6f} |")
+                         f"| {alone} | {r.cosine:.6f} |")
+        if self.outputs:
+            lines += ["", f"Binding output (lowest SQNR): {self.binding_output} at {self.output_sqnr_db:.2f} dB"]
         lines += [""] + [f"Note: {n}" for n in self.notes] if self.notes else []
         return "\n".join(lines)
 
@@ -100,6 +118,11 @@ class AccuracyReport:
         for bar, r in zip(bars, rows):
             if not np.isfinite(r.sqnr_db):
                 ax.annotate("exact", (bar.get_x() + bar.get_width() / 2, top), ha="center", va="bottom", fontsize=7)
+        alone = [(i, r.alone_db) for i, r in enumerate(rows) if r.alone_db is not None and np.isfinite(r.alone_db)]
+        if alone:  # each layer's isolated harm (quantize's target_sqnr fallback measured it)
+            ax.scatter([i for i, _ in alone], [v for _, v in alone], marker="_", s=120, color="black", zorder=3,
+                       label="binding output, only this layer quantized")
+            ax.legend(fontsize=7, loc="lower left")
         labels = [r.name if len(r.name) <= 28 else "…" + r.name[-27:] for r in rows]
         ax.set_xticks(range(len(rows)), labels, rotation=70, ha="right", fontsize=7)
         ax.set_ylabel("SQNR vs FP32 (dB)")
@@ -136,6 +159,8 @@ def accuracy_report(fp32_mod: tvm.IRModule, quantized_mod: tvm.IRModule, inputs,
     (an iterable of samples, as for calibration)."""
     from tqdm.auto import tqdm
 
+    from .quantize import output_names
+
     layers = ptq_layers(quantized_mod)
     var_names = [v for _, _, v, _, _ in layers]
     fp32 = _observing(prepare(fp32_mod), var_names, target)
@@ -157,9 +182,13 @@ def accuracy_report(fp32_mod: tvm.IRModule, quantized_mod: tvm.IRModule, inputs,
         count += 1
     attrs = quantized_mod["main"].attrs
     notes = [str(n) for n in attrs["lowprec.ptq_notes"]] if "lowprec.ptq_notes" in attrs else []
+    isolated = {str(n): float(str(v)) for n, v in attrs["lowprec.ptq_isolated"]} if "lowprec.ptq_isolated" in attrs \
+        else {}
     report = AccuracyReport(samples=count, notes=notes)
     for (name, kind, _, quantized, scheme), acc in zip(layers, acc_layers):
-        report.layers.append(TensorAccuracy(name, kind, quantized, acc.sqnr_db, acc.cosine, scheme))
+        report.layers.append(TensorAccuracy(name, kind, quantized, acc.sqnr_db, acc.cosine, scheme, isolated.get(name)))
+    out_names = output_names(fp32_mod)
     for i, acc in enumerate(acc_outputs):
-        report.outputs.append(TensorAccuracy(f"output {i}", "output", True, acc.sqnr_db, acc.cosine))
+        name = out_names[i] if len(out_names) == len(acc_outputs) else f"output {i}"
+        report.outputs.append(TensorAccuracy(name, "output", True, acc.sqnr_db, acc.cosine))
     return report

@@ -1,10 +1,10 @@
 """How a dequantized weight is written in Relax, and how the weight-only rewrite reads it back.
 
-Dequantizations that Relax has no operator for (blocked integer weights, float8 weights) are
-``call_tir`` calls to small TE kernels. Each such kernel carries the attribute :data:`ATTR` that
-says what it computes (``{"kind": "blocked", "axis": a, "block": b}`` or ``{"kind": "float8",
-"format": "float8_e4m3fn"}``), so that a pass can recognise a dequantized *constant* without
-parsing TIR: the ONNX converters (:mod:`tvm_lowprec.frontend.converters`) and the post-training
+Dequantizations that Relax has no operator for (blocked integer weights, float8 weights, bf16
+weights) are ``call_tir`` calls to small TE kernels. Each such kernel carries the attribute
+:data:`ATTR` that says what it computes (``{"kind": "blocked", "axis": a, "block": b}``,
+``{"kind": "float8", "format": "float8_e4m3fn"}`` or ``{"kind": "bfloat16"}``), so that a pass can
+recognise a dequantized *constant* without parsing TIR: the ONNX converters (:mod:`tvm_lowprec.frontend.converters`) and the post-training
 quantizer (:mod:`tvm_lowprec.ptq`) both emit through :func:`emit_blocked_dequantize`, and
 :mod:`tvm_lowprec.quant.weight_only` reads them with :func:`dequantized_constant`. Until that pass
 (or FoldConstant) replaces them, they compute exactly what ONNX defines.
@@ -47,16 +47,27 @@ def emit_blocked_dequantize(bb, x, scale, zero_point, axis: int, block: int):
     return bb.emit_te(compute, *args, primfunc_attrs=attrs, primfunc_name_hint="dequantize_blocked")
 
 
+def emit_bf16_widen(bb, bits):
+    """The float32 values of bf16 ``bits`` (a ``uint16`` tensor): each in a float32's top half, exact.
+    How :mod:`tvm_lowprec.ptq` writes a matmul's weights rounded to bfloat16 (``QuantSpec("bfloat16")``)."""
+
+    def compute(bits):
+        return te.compute(bits.shape, lambda *i: tvm.tirx.reinterpret(
+            "float32", bits[i].astype("uint32") << tvm.tirx.const(16, "uint32")), name="widen_bf16")
+
+    return bb.emit_te(compute, bits, primfunc_attrs={ATTR: {"kind": "bfloat16"}}, primfunc_name_hint="widen_bf16")
+
+
 @dataclass(frozen=True)
 class DequantizedConst:
     """A constant weight and how it is dequantized: ``kind`` ``"blocked"`` (``values`` integers in an
     8-bit carrier, ``scale``/``zero_point`` shaped as the values with ``axis`` divided into blocks of
-    ``block``) or ``"float8"`` (``values`` the float8 bytes as uint8, ``fmt`` their format,
-    ``scale`` per tensor or per ``axis``)."""
+    ``block``), ``"float8"`` (``values`` the float8 bytes as uint8, ``fmt`` their format,
+    ``scale`` per tensor or per ``axis``) or ``"bfloat16"`` (``values`` bf16 bits as uint16, no scale)."""
 
     kind: str
     values: np.ndarray
-    scale: np.ndarray
+    scale: np.ndarray | None
     zero_point: np.ndarray | None
     axis: int
     block: int = 0
@@ -82,7 +93,7 @@ def dequantized_constant(expr, lookup, mod) -> DequantizedConst | None:
         args = [constant(a, lookup) for a in expr.args[1].fields]
     if any(a is None for a in args):
         return None
-    values, scale = args[0], args[1]
+    values, scale = args[0], args[1] if len(args) > 1 else None
     zero_point = args[2] if len(args) > 2 else None
     return DequantizedConst(kind, values, scale, zero_point, axis=int(info.get("axis", 0)),
                             block=int(info.get("block", 0)), fmt=str(info["format"]) if "format" in info else None)

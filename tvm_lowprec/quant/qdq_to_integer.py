@@ -12,6 +12,7 @@ epilogue. Anything that does not match stays as it is (float semantics, still co
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +44,9 @@ from .patterns import (
     static_shape,
 )
 from .requant import qrange
-from .zero_points import gemm_corrections, signed_weights, zero_point_coefficient
+from .zero_points import CorrectionOverflow, gemm_corrections, signed_weights, zero_point_coefficient
+
+_log = logging.getLogger("tvm_lowprec.quant")
 
 
 @dataclass(frozen=True)
@@ -450,7 +453,27 @@ def _float32_exact(match: QGemmMatch) -> bool:
     return float32_requant_exact(np.abs(w).sum(axis=0), max(za - int(info.min), int(info.max) - za), bias, match.mult)
 
 
+def _correction_overflow(match: QGemmMatch) -> CorrectionOverflow | None:
+    """Whether some channel's folded bias and zero-point correction would not fit int32, for any
+    activation offset a layout may take (checked before anything is emitted)."""
+    for a_offset in (0, -128, 128):
+        try:
+            gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, a_offset,
+                             match.bias_int)
+        except CorrectionOverflow as err:
+            return err
+    return None
+
+
 def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
+    overflow = _correction_overflow(match)
+    if overflow is not None:
+        # exact either way: the layer keeps the QDQ graph's own float arithmetic (dequantize, float
+        # matmul/conv with the float bias, quantize) instead of one int32 kernel; PTQ widens such
+        # channels' weight scales instead (tvm_lowprec.ptq), so its layers keep the integer kernel
+        _log.warning("a quantized %s [K=%d, N=%d] stays in float QDQ arithmetic: %s", "conv2d" if match.conv else
+                     "matmul", *match.weight.values.shape, overflow)
+        return None
     if match.conv is not None and match.conv.depthwise:
         return emit_depthwise(builder, match, spec)
     k, n = match.weight.values.shape

@@ -2,9 +2,15 @@
 
 Called by :mod:`tvm_lowprec.quant.weight_only` (phase 1 of :mod:`tvm_lowprec.pipeline`, before
 FoldConstant would widen the weights to a float32 constant) for a dequantize marked
-``{"kind": "float8"}`` by the ONNX converter. Emits one call to the float8-weight kernel
-(:mod:`tvm_lowprec.kernels.fp8_weights`): the weights packed at compile time and kept as bytes,
-widened in registers, the scale (per tensor, or per output column) applied once per output.
+``{"kind": "float8"}`` by the ONNX converter. Emits one call to a kernel that keeps the weights
+narrow, the scale (per tensor, or per output column) applied once per output:
+
+- where the target's spec has a bf16 recipe (:attr:`~tvm_lowprec.hwspec.TargetSpec.bf16`: the
+  AVX-512 VNNI row, on CPUs with AVX512_BF16), the bf16 GEMM (:mod:`tvm_lowprec.kernels.bf16_gemm`):
+  the codes widened to bf16 at compile time (exactly), the activations rounded to bf16, products
+  summed in float32 by ``vdpbf16ps``;
+- elsewhere the float32 kernel (:mod:`tvm_lowprec.kernels.fp8_weights`): the weights kept as bytes and
+  widened in registers, float32 activations.
 
 Returns None (the matmul stays float: correct, unscheduled) for what it does not take: a weight
 that is not ``[K, N]``, a scale along K, a nonzero float8 zero point, an activation whose shape is
@@ -19,8 +25,10 @@ import numpy as np
 from tvm import relax
 
 from ..errors import LowPrecError
+from ..kernels import bf16_gemm
 from ..kernels.fp8_weights import DECODES, Fp8Layout, build_fp8_weights, column_scale, pack_fp8_weights
 from .patterns import static_shape
+from .weight_bf16 import call_2d, emit_bf16_gemm
 
 
 class Float8WeightError(LowPrecError, ValueError):
@@ -70,13 +78,18 @@ def emit_float8(builder, x, dq, spec, config) -> relax.Expr | None:
     if shape is None or len(shape) < 1 or shape[-1] != k or scale is None or not _zero_point_is_zero(dq):
         return None
     m = int(np.prod(shape[:-1], dtype=np.int64))
-    layout = Fp8Layout.choose(fmt, m, n, k, spec.gemm.vector_bits) if m > 0 else None
+    if m < 1:
+        return None
+    if spec.bf16 is not None:
+        _refuse_nan(x, dq, fmt)
+        layout = bf16_gemm.Bf16Layout.choose(fmt, m, n, k, spec.bf16)
+        packed = bf16_gemm.pack_bf16_weights(bf16_gemm.float8_to_bf16(values, fmt), layout)
+        return emit_bf16_gemm(builder, x, shape, layout, packed, bf16_gemm.column_scale(scale, layout))
+    layout = Fp8Layout.choose(fmt, m, n, k, spec.gemm.vector_bits)
     if layout is None:
         return None
     _refuse_nan(x, dq, fmt)
     name = f"fp8_weights_{fmt.removeprefix('float8_')}_{m}x{n}x{k}"
     gvar = builder.add_func(build_fp8_weights(layout, name), name)
-    x2 = x if len(shape) == 2 else builder.emit(relax.op.reshape(x, (m, k)))
-    args = [x2, relax.const(pack_fp8_weights(values, layout)), relax.const(column_scale(scale, layout))]
-    y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((m, n), "float32")))
-    return y if len(shape) == 2 else builder.emit(relax.op.reshape(y, (*shape[:-1], n)))
+    args = [relax.const(pack_fp8_weights(values, layout)), relax.const(column_scale(scale, layout))]
+    return call_2d(builder, x, shape, gvar, args, n)

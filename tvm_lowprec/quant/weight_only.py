@@ -4,9 +4,10 @@ Runs first in phase 1 of :mod:`tvm_lowprec.pipeline`, on the module :func:`tvm_l
 (or :func:`tvm_lowprec.quantize`) produces, before FoldConstant would turn the dequantized weights
 into a float32 constant. A weight is taken when it is one of the marked dequantize kernels of
 :mod:`.dequantized` applied to constants (blocked int4 weights from ``MatMulNBits`` or a blocked
-QDQ model, float8 weights) and the other operand is a float activation. Each kind of weight has its
-emitter in :func:`emitters` (one file each); an emitter returns ``None`` when it does not take the
-weight (its shape, its values or the target), and the matmul then stays as it was: float, correct.
+QDQ model, float8 weights, bf16 weights of a PTQ ``bfloat16`` layer) and the other operand is a
+float activation. Each kind of weight has its emitter in :func:`emitters` (one file each); an
+emitter returns ``None`` when it does not take the weight (its shape, its values or the target), and
+the matmul then stays as it was: float, correct.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ class WeightOnlyConfig:
 @functools.cache
 def emitters() -> dict:
     """Weight kind (:class:`~.dequantized.DequantizedConst`'s ``kind``) -> its emitter (imported on first use)."""
+    from .weight_bf16 import emit_bfloat16
     from .weight_fp8 import emit_float8
     from .weight_int4 import emit_int4
 
-    return {"blocked": emit_int4, "float8": emit_float8}
+    return {"blocked": emit_int4, "float8": emit_float8, "bfloat16": emit_bfloat16}
 
 
 def _float_activation(expr) -> bool:

@@ -44,8 +44,32 @@ def zero_point_coefficient(b, zb) -> np.ndarray:
     return (k * zb_p - b_signed.astype(np.int64).sum(axis=0)).astype(np.int32)
 
 
+INT32_LIMIT = 2**31
+
+
+class CorrectionOverflow(ValueError):
+    """A channel's folded bias and zero-point correction, plus the largest accumulator it is added to,
+    does not fit int32 (a near-zero weight channel meeting a large bias: tiny ``s_x * s_w``)."""
+
+    def __init__(self, channels, corr):
+        self.channels = [int(c) for c in channels]
+        self.corr = np.asarray(corr, np.int64)
+        shown = self.channels[:8] + (["..."] if len(self.channels) > 8 else [])
+        super().__init__(f"bias and zero-point corrections overflow int32 in output channel(s) {shown} "
+                         f"(largest {int(np.max(np.abs(self.corr[self.channels])))} accumulator units)")
+
+
+def overflowing_channels(corr, acc_bound=0) -> np.ndarray:
+    """Indices of the channels where ``|corr| + acc_bound`` (the largest ``|sum A'B'|`` term, per
+    channel or scalar) reaches 2**31."""
+    total = np.abs(np.asarray(corr, np.int64)) + np.asarray(acc_bound, np.int64)
+    return np.flatnonzero(np.broadcast_to(total, np.shape(corr)) >= INT32_LIMIT)
+
+
 def gemm_corrections(b, za: int, zb, a_offset: int, bias_int=None) -> GemmCorrections:
-    """Fold zero points and an int32 bias for constant weights ``b[K, N]`` (int8 or uint8)."""
+    """Fold zero points and an int32 bias for constant weights ``b[K, N]`` (int8 or uint8); raises
+    :class:`CorrectionOverflow` (naming the channels) when a channel's correction, plus the largest
+    accumulator ``K * 255 * max|B'|`` of that channel, does not fit int32."""
     k, n = b.shape
     b_signed, b_off = signed_weights(np.asarray(b))
     za_p = int(za) + a_offset
@@ -54,7 +78,8 @@ def gemm_corrections(b, za: int, zb, a_offset: int, bias_int=None) -> GemmCorrec
     corr = -za_p * cb + k * za_p * zb_p
     if bias_int is not None:
         corr = corr + np.broadcast_to(np.asarray(bias_int, np.int64), (n,))
-    if np.any(np.abs(corr) >= 2**31):
-        raise ValueError("bias and zero-point corrections overflow int32")
+    bad = overflowing_channels(corr, 255 * np.abs(b_signed.astype(np.int64)).sum(axis=0))
+    if bad.size:
+        raise CorrectionOverflow(bad, corr)
     rowcoef = None if not np.any(zb_p) else (-zb_p).astype(np.int32)
     return GemmCorrections(b_signed, corr.astype(np.int32), rowcoef)

@@ -3,12 +3,16 @@
 from tvm.s_tir.dlight import cpu as _dlight_cpu
 from tvm.s_tir.dlight import gpu as _dlight_gpu
 
+from .bf16_gemm import Bf16GemmRule
 from .col2im import Col2imRule
 from .cuda import CudaPackBRule, CudaQGemmRule
 from .depthwise import DepthwiseRule
 from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
 from .fp8_weights import Fp8WeightsRule
+from .fp32_depthwise import Fp32DepthwiseRule
+from .fp32_gemm import Fp32GemmRule
+from .fp32_matmul import Fp32MatmulRule
 from .nbits import NbitsGemmRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 from .qgemm16 import QGemm16Rule
@@ -17,7 +21,7 @@ from .strided import StridedReductionRule
 from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
-DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), PackBRule(), Im2colRule(), Col2imRule(),
+DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), Bf16GemmRule(), Fp32GemmRule(), Fp32DepthwiseRule(), Fp32MatmulRule(), PackBRule(), Im2colRule(), Col2imRule(),
                  RowOpRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
                  DlightRule(_dlight_cpu.Reduction()))
 
@@ -39,6 +43,6 @@ def schedule_func(func, spec, rules=None):
     return None
 
 
-__all__ = ["CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
-           "ElementwiseRule", "Fp8WeightsRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
+__all__ = ["Bf16GemmRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
+           "ElementwiseRule", "Fp32DepthwiseRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
            "RULES", "RowOpRule", "StridedReductionRule", "WindowReductionRule", "schedule_func"]

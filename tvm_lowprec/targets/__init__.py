@@ -63,21 +63,25 @@ def host_features() -> frozenset[str]:
 
 
 def host_supports(spec: TargetSpec) -> bool:
-    """True when this machine's CPU can execute code built for ``spec`` (never for a GPU row: see
-    :func:`tvm_lowprec.cuda.run.cuda_device_available`)."""
-    return spec.device == "cpu" and set(spec.features) <= host_features()
+    """True when this machine's CPU can execute code built for ``spec``: it has every feature the spec's
+    kernels may use, its optional recipes' included (:attr:`TargetSpec.code_features`: the VNNI row's
+    bf16 GEMM needs AVX512_BF16, which a Cascade Lake lacks; its ``native`` spec drops that recipe).
+    Never for a GPU row: see :func:`tvm_lowprec.cuda.run.cuda_device_available`."""
+    return spec.device == "cpu" and set(spec.code_features) <= host_features()
 
 
 def native_target() -> TargetSpec:
-    """The fastest registered x86 row whose features this machine has (rows are listed best first)."""
+    """The fastest registered x86 row whose features this machine has (rows are listed best first),
+    without the optional recipes this machine lacks (:meth:`TargetSpec.for_cpu`)."""
+    host = host_features()
     for spec in registered_targets("cpu").values():
-        if host_supports(spec):
+        if set(spec.features) <= host:
             import tvm
 
             cpu = tvm.target.codegen.llvm_get_system_cpu()
             llvm = {"kind": "llvm", "mcpu": cpu}
             # every row field carried over (a new field reaches ``native`` without an edit here)
-            return dataclasses.replace(spec, name=f"native({spec.name})", llvm=llvm, aliases=(),
+            return dataclasses.replace(spec.for_cpu(host), name=f"native({spec.name})", llvm=llvm, aliases=(),
                                        description=f"this host ({cpu}) via {spec.name}", base=spec.name)
     raise RuntimeError(
         "no registered target fits this CPU (need at least AVX2); host flags: "
@@ -116,7 +120,7 @@ def _spec_from_tvm_target(target) -> TargetSpec:
     features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
     for spec in registered_targets("cpu").values():
         if set(spec.features) <= features:
-            return dataclasses.replace(spec, name=f"{spec.name}@{target.attrs.get('mcpu', 'generic')}",
+            return dataclasses.replace(spec.for_cpu(features), name=f"{spec.name}@{target.attrs.get('mcpu', 'generic')}",
                                        llvm=dict(target.export()), aliases=(), description=f"user target via {spec.name}")
     raise ValueError(f"target {target} has none of the instruction sets tvm-lowprec needs (at least AVX2)")
 

@@ -13,7 +13,7 @@ No row has an int16 x int8 recipe (``TargetSpec.int16`` is None): layers with 16
 on the float path here (``smlal`` by lane would be the instruction; not done).
 """
 
-from ..hwspec import GemmRecipe, TargetSpec, Tile
+from ..hwspec import FmaIntrin, GemmRecipe, TargetSpec, Tile
 from ..intrin.arm import NIBBLE_SDOT, SDOT, SMULL, USMMLA
 
 _AARCH64 = "aarch64-linux-gnu"
@@ -68,6 +68,16 @@ _NIBBLE_TILES = (
     Tile(2, mr=2, nr=8, why="16 accumulators; two rows share each weight vector's unpacking"),
 )
 
+# float32 GEMMs (kernels/fp32_gemm: layers left float): fmla on 4 float32 lanes, the activation
+# broadcast (dup/ld1r) per row. 32 registers: 6x4 = 24 accumulators + 4 B + broadcast = 29. Not
+# measured (no Arm host; qemu checks results): the x86 ymm nest's shapes scaled to 32 registers.
+FMLA = FmaIntrin("fmla v.4s", vector_bits=128, registers=32, features=("neon",))
+_FMLA = GemmRecipe(FMLA, (
+    Tile(1, mr=1, nr=8, why="GEMV: 8 accumulator chains over 4 lanes, the weights streamed once"),
+    Tile(2, mr=2, nr=8, why="16 accumulators + 8 B + broadcast = 25 of 32 registers"),
+    Tile(6, mr=6, nr=4, kblock=128, why="24 accumulators + 4 B + broadcast = 29 of 32; the x86 rows' K block"),
+))
+
 ARM_TARGETS = (
     TargetSpec(
         name="arm64-i8mm",
@@ -76,6 +86,7 @@ ARM_TARGETS = (
         gemm=USMMLA,
         tiles=_MMLA_TILES,
         nibble=GemmRecipe(NIBBLE_SDOT, _NIBBLE_TILES),
+        fma=_FMLA,
         description="Armv8.6 i8mm (Graviton3/4, Neoverse V1/V2/N2, Cortex-A710 and later): usmmla 2x8x2, "
                     "u8 x s8 natively",
         qemu_cpu="max",
@@ -88,6 +99,7 @@ ARM_TARGETS = (
         gemm=SDOT,
         tiles=_DOT_TILES,
         nibble=GemmRecipe(NIBBLE_SDOT, _NIBBLE_TILES),
+        fma=_FMLA,
         description="Armv8.2 dot product (Cortex-A55/A76/A78, Neoverse N1, Graviton2, Raspberry Pi 5): sdot, "
                     "u8 activations shifted to s8",
         qemu_cpu="cortex-a76",  # dotprod, no i8mm
@@ -99,6 +111,7 @@ ARM_TARGETS = (
         features=("neon",),
         gemm=SMULL,
         tiles=_WIDEN_TILES,
+        fma=_FMLA,
         description="Armv8.0 Neon without dot product (Cortex-A53/A72, Raspberry Pi 3/4): exact smull + sadalp",
         qemu_cpu="cortex-a72",  # Armv8.0: no dotprod
         aliases=("cortex-a53", "cortex-a72", "rpi4"),

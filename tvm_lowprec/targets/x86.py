@@ -1,7 +1,8 @@
 """x86 targets. One row per instruction set; tiles say why their numbers are what they are."""
 
-from ..hwspec import GemmRecipe, TargetSpec, Tile
+from ..hwspec import FmaIntrin, GemmRecipe, TargetSpec, Tile
 from ..intrin.x86 import PMADDUBSW_256, PMADDUBSW_512, PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_512, VPDPWSSD_512
+from ..intrin.x86_bf16 import VDPBF16PS_512
 from ..intrin.x86_nibble import NIBBLE_UBSW_256, NIBBLE_UBSW_512, NIBBLE_VNNI_256, NIBBLE_VNNI_512
 
 # vpdpbusd zmm issues 2 per cycle with ~4-5 cycle latency: 12+ independent accumulators reach peak
@@ -103,6 +104,46 @@ _NIBBLE_FLOAT_ZMM_TILES = (
     Tile(4, mr=4, nr=4, wide_b=True, why="16 accumulators + 4 weight vectors + broadcast of 32 zmm"),
 )
 
+# float32 GEMMs (kernels/fp32_gemm: layers left float). vfmadd231ps accumulates in place and takes a
+# broadcast row; B (the packed weight panel) is loaded as nr vectors per step of K.
+# Measured on Zen 3 (one thread, 128x768x768, noisy host: best of runs): 6x2 with K whole 32 GFLOPS,
+# with a 128-deep K block (the panel's slice, 8 KiB, stays in L1 across row tiles) 85, 256-deep 80,
+# 384-deep 59; 128x3072x768 and 128x768x3072: 6x2/K256 50-62, 4x3/K192 52-60.
+FMA_YMM = FmaIntrin("vfmadd231ps ymm", vector_bits=256, registers=16, features=("avx2",))
+FMA_ZMM = FmaIntrin("vfmadd231ps zmm", vector_bits=512, registers=32, features=("avx512f",))
+_FMA_YMM_TILES = (
+    Tile(1, mr=1, nr=4, why="GEMV: 4 accumulators x 8 lanes, the weights streamed once (bandwidth-bound)"),
+    Tile(2, mr=2, nr=4, why="two rows share each weight vector: 8 accumulators + 4 B + broadcast = 13 ymm"),
+    Tile(6, mr=6, nr=2, kblock=128, why="12 accumulators + 2 B + broadcast = 15 of 16 ymm (BLIS's AVX2 shape); "
+         "a 128-deep K block keeps the weight panel's slice in L1: 85 GFLOPS vs 32 with K whole"),
+)
+_FMA_ZMM_TILES = (
+    Tile(1, mr=1, nr=4, why="GEMV: 4 zmm accumulators (untimed: no AVX-512 host here)"),
+    Tile(2, mr=2, nr=4, why="8 accumulators + 4 B + broadcast"),
+    Tile(6, mr=6, nr=4, kblock=128, why="24 accumulators + 4 B + broadcast = 29 of 32 zmm (untimed)"),
+)
+_FMA_YMM = GemmRecipe(FMA_YMM, _FMA_YMM_TILES)
+_FMA_ZMM = GemmRecipe(FMA_ZMM, _FMA_ZMM_TILES)
+
+# bf16 GEMMs (kernels/bf16_gemm: float8 weights, bfloat16 PTQ layers) on vdpbf16ps zmm, where the CPU
+# has AVX512_BF16 (an optional recipe: TargetSpec.for_cpu drops it elsewhere). vdpbf16ps accumulates in
+# place like vpdpbusd; the activation pair (one dword) is broadcast once per row and step of K, each weight
+# vector loaded once per step and shared by the tile's rows (a 1-row tile reads it as the instruction's
+# memory operand). Not timed: no AVX512_BF16 host was at hand. llvm-mca-19 (benchmarks/predict_bf16_tiles.py,
+# results/predicted/bf16_tiles.md), sapphirerapids model: every tile of 8+ accumulators without spills at
+# 98-99% of one vdpbf16ps zmm per 2 cycles (1x4: 80%); 2x12 and 3x8 spill. Its znver4 model is no guide
+# here (the register form once per 3 cycles, the memory form once per cycle: 1-row tiles "win" 3x).
+# So the tiles are chosen by registers: at least 8 accumulators, no spill, weight vectors shared by rows.
+_BF16_ZMM_TILES = (
+    Tile(1, mr=1, nr=8, why="GEMV: 8 accumulators, each weight vector a memory operand, read once (bandwidth-"
+         "bound: 2 bytes a weight); llvm-mca-19 (SPR) 98% where 1x4 gets 80%"),
+    Tile(2, mr=2, nr=8, why="16 accumulators + 8 weight vectors + 2 broadcasts = 26 zmm; each weight vector feeds 2 rows"),
+    Tile(4, mr=4, nr=4, why="16 accumulators + 4 weight vectors + broadcasts, no spill; llvm-mca-19 (SPR) 99% at 16x3072x768"),
+    Tile(6, mr=6, nr=4, why="24 accumulators + 4 weight vectors + broadcasts = 30 of 32 zmm, no spill; a weight "
+         "load per 6 instructions (4x4: per 4); llvm-mca-19 (SPR) 99% at 256x1024x1024"),
+)
+_BF16_ZMM = GemmRecipe(VDPBF16PS_512, _BF16_ZMM_TILES)
+
 X86_TARGETS = (
     TargetSpec(
         name="x86-avx512-vnni",
@@ -113,7 +154,9 @@ X86_TARGETS = (
         nibble_float=_NIBBLE_FLOAT_ZMM_TILES,
         tiles=_VNNI_ZMM_TILES,
         int16=_INT16_VNNI_ZMM,
-        description="AVX-512 VNNI (Cascade Lake and later, Zen 4/5): vpdpbusd zmm",
+        fma=_FMA_ZMM,
+        bf16=_BF16_ZMM,  # llvm mcpu znver4 has AVX512_BF16; a derived spec keeps it only where its CPU does
+        description="AVX-512 VNNI (Cascade Lake and later, Zen 4/5): vpdpbusd zmm; vdpbf16ps zmm where AVX512_BF16 is",
         aliases=("avx512-vnni", "vnni"),
     ),
     TargetSpec(
@@ -125,6 +168,7 @@ X86_TARGETS = (
         nibble_float=_NIBBLE_FLOAT_TILES,
         tiles=_VNNI_YMM_TILES,
         int16=_INT16_YMM,
+        fma=_FMA_YMM,
         description="AVX-VNNI without AVX-512 (Alder Lake and later client cores): {vex} vpdpbusd ymm",
     ),
     TargetSpec(
@@ -136,6 +180,7 @@ X86_TARGETS = (
         nibble_float=_NIBBLE_FLOAT_ZMM_TILES,
         tiles=_MADD_ZMM_TILES,
         int16=_INT16_ZMM,
+        fma=_FMA_ZMM,
         bounded=(GemmRecipe(PMADDUBSW_512, _UBSW_ZMM_TILES),),
         description="AVX-512BW without VNNI: exact int16 vpmaddwd zmm; vpmaddubsw only for weights proven not to saturate",
     ),
@@ -148,6 +193,7 @@ X86_TARGETS = (
         nibble_float=_NIBBLE_FLOAT_TILES,
         tiles=_MADD_YMM_TILES,
         int16=_INT16_YMM,
+        fma=_FMA_YMM,
         bounded=(GemmRecipe(PMADDUBSW_256, _UBSW_YMM_TILES),),
         description="AVX2: exact int16 vpmaddwd ymm; vpmaddubsw only for weights proven not to saturate",
     ),

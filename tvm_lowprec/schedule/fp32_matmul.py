@@ -1,0 +1,124 @@
+"""Schedule rule for float32 matmuls whose operands are both computed at run time (attention's
+``Q @ K^T`` and ``P @ V``, batched over heads), as TVM's legalization writes them::
+
+    C[b.., i, j] += A[b.., i, k] * B[b.., k, j]        (one reduction block; elementwise blocks after it)
+
+Constant-weight matmuls never get here: :mod:`tvm_lowprec.quant.float_gemm` turns them into the
+packed kernel of :mod:`tvm_lowprec.kernels.fp32_gemm`. Here ``B`` cannot be packed at compile time,
+but its rows are already contiguous along ``j``, so the register tile reads them as vectors in place::
+
+    for (b.., io) in parallel:                      # heads x row tiles
+      for jo in J / (nr*lanes):
+        acc[mr, nr*lanes] = 0
+        for k in K:
+          for mi in unroll(mr): for g in unroll(nr):
+            acc[mi, g] += broadcast(A[b, io*mr+mi, k]) * B[b, k, jo, g*lanes:+lanes]   # vfmadd
+        C[b, io*mr:+mr, jo] = epilogue(acc)          # the elementwise blocks after it (a scale)
+
+The tile comes from the target row's FMA recipe (:attr:`~tvm_lowprec.hwspec.TargetSpec.fma`),
+shrunk to divide I and J (no padding here; heads are multiples of the vector width in practice).
+Declines other dtypes, a J that no vector divides, a block that is not this product, and rows
+without an FMA recipe.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import ScheduleError
+
+from .blocks import root_children
+
+
+def _var_of(expr):
+    return expr if isinstance(expr, tirx.Var) else None
+
+
+def _matmul_vars(block):
+    """(batch vars, i, j, k) of a ``C[.., i, j] += A[.., i, k] * B[.., k, j]`` float32 block, else None."""
+    iters = list(block.iter_vars)
+    if len(iters) < 3 or [int(v.iter_type) for v in iters[-1:]] != [2] or any(int(v.iter_type) for v in iters[:-1]):
+        return None  # iter_type 0: spatial, 2: reduction
+    *batch, i, j, k = (v.var for v in iters)
+    if len(block.writes) != 1 or str(block.writes[0].source.dtype) != "float32":
+        return None
+    out = block.writes[0].source
+    operands = [r for r in block.reads if not r.source.same_as(out)]
+    if len(operands) != 2 or any(str(r.source.dtype) != "float32" for r in operands):
+        return None
+
+    def tail(region):
+        return tuple(_var_of(r.min) for r in region.region[-2:]) if len(region.region) >= 2 else (None, None)
+
+    pairs = {tail(r) for r in operands}
+    if not any(a is not None and a.same_as(i) and b is not None and b.same_as(k) for a, b in pairs):
+        return None
+    if not any(a is not None and a.same_as(k) and b is not None and b.same_as(j) for a, b in pairs):
+        return None
+    return batch, i, j, k
+
+
+def _largest_divisor(n: int, most: int) -> int:
+    return next(d for d in range(max(1, min(n, most)), 0, -1) if n % d == 0)
+
+
+class Fp32MatmulRule:
+    """Declines anything that is not a float32 (batched) matmul of two run-time operands."""
+
+    def apply(self, func, spec):
+        recipe = getattr(spec, "fma", None)
+        if recipe is None or (func.attrs is not None and func.attrs.get("lowprec.op", None) is not None):
+            return None
+        sch = Schedule(func)
+        _, blocks = root_children(sch)
+        found = [(b, v) for b in blocks if (v := _matmul_vars(sch.get(b))) is not None]
+        if len(found) != 1:
+            return None
+        block, _ = found[0]
+        loops = sch.get_loops(block)
+        extents = [int(sch.get(loop).extent) for loop in loops]
+        rows, cols, lanes = extents[-3], extents[-2], recipe.intrin.lanes
+        if cols % lanes:
+            return None
+        tile = recipe.tile_for(rows)
+        mr = _largest_divisor(rows, tile.mr)
+        budget = (recipe.intrin.registers - 1) // (mr + 1)  # mr*nr accumulators + nr B vectors + broadcast
+        nr = _largest_divisor(cols // lanes, max(1, min(tile.nr * max(1, tile.mr // mr), budget)))
+        index = [b.same_as(block) for b in blocks].index(True)
+        try:
+            outer = self._tile(sch, block, loops, mr, nr, lanes)
+            self._epilogue(sch, blocks[:index], blocks[index + 1:], outer)
+        except ScheduleError:
+            return None  # an epilogue this nest cannot take: the next rule may
+        return sch
+
+    # Step 1. The register tile: heads and row tiles parallel, the lane loop vectorized.
+    @staticmethod
+    def _tile(sch, block, loops, mr, nr, lanes):
+        *batch, i, j, k = loops
+        name = sch.get(block).name_hint
+        io, mi = sch.split(i, [None, mr])
+        jo, g, lane = sch.split(j, [None, nr, lanes])
+        sch.reorder(*batch, io, jo, k, mi, g, lane)
+        par = sch.fuse(*batch, io) if batch else io
+        sch.parallel(par)
+        sch.vectorize(lane)
+        sch.decompose_reduction(block, k)
+        sch.unroll(mi)
+        sch.unroll(g)
+        init = sch.get_sblock(name + "_init")
+        sch.vectorize(sch.get_loops(init)[-1])
+        return jo
+
+    # Step 2. Elementwise blocks after the product: inlined into the last one, which runs under
+    # the column tile while the accumulators are hot; blocks before it (copies) run in parallel.
+    @staticmethod
+    def _epilogue(sch, before, after, jo):
+        for b in after[:-1]:
+            sch.compute_inline(b)
+        if after:
+            sch.reverse_compute_at(after[-1], jo, preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(after[-1])[-1])
+        for b in before:
+            loops = sch.get_loops(b)
+            sch.parallel(loops[0] if len(loops) == 1 else sch.fuse(*loops[:2]))
