@@ -71,17 +71,29 @@ def normalise_sample(sample, names: list[str], index: int) -> dict[str, np.ndarr
     return feed
 
 
+def _bounds(values: np.ndarray) -> tuple[float, float]:
+    """(min, max) of a tensor: one pass each, and NaN or Inf in it shows in them (NaN propagates)."""
+    return (float(np.min(values)), float(np.max(values))) if values.size else (0.0, 0.0)
+
+
 def _update(pool, stats: dict, keys: list, values: list, index: int) -> None:
-    """Each key's statistics updated with its tensor, the keys in parallel: the statistics cost more
-    than the model run per sample (benchmarks/results/models/calibration.md), and numpy releases the
+    """Each key's statistics updated with its tensor, the keys in parallel: the statistics cost about
+    half the model run per sample (benchmarks/results/models/calibration.md), and numpy releases the
     GIL in them. Each key has its own collector (with its own generator), so the results do not depend
-    on the order. NaN/Inf stops it first, naming the first such key."""
-    finite = list(pool.map(lambda v: bool(np.all(np.isfinite(v))), values))
-    for key, ok in zip(keys, finite):
-        if not ok:
+    on the order. NaN/Inf stops it first, naming the first such key; the (min, max) that finds them is
+    handed to the :class:`~.observers.TensorStats` (no second pass)."""
+    bounds = list(pool.map(_bounds, values))
+    for key, (lo, hi) in zip(keys, bounds):
+        if not (np.isfinite(lo) and np.isfinite(hi)):
             raise CalibrationError(f"calibration sample {index}: {key} has NaN/Inf values (the FP32 model "
                                    f"overflows or divides by zero on this input)")
-    for _ in pool.map(lambda kv: stats[kv[0]].update(kv[1]), zip(keys, values)):
+
+    def one(item):
+        key, value, bound = item
+        collector = stats[key]
+        collector.update(value, bounds=bound) if isinstance(collector, TensorStats) else collector.update(value)
+
+    for _ in pool.map(one, zip(keys, values, bounds)):
         pass
 
 

@@ -24,23 +24,31 @@ def qrange(dtype: str, symmetric: bool, bits: int = 8) -> tuple[int, int]:
 
 
 class TensorStats:
-    """Running min/max and a uniform sample (at most :data:`SAMPLE_CAP` values) of one tensor."""
+    """Running min/max and a uniform random sample (at most :data:`SAMPLE_CAP` values) of one tensor."""
 
     def __init__(self, seed: int = 0):
         self.lo, self.hi, self.seen = np.inf, -np.inf, 0
         self.sample = np.empty(0, np.float32)
         self._rng = np.random.default_rng(seed)
 
-    def update(self, values: np.ndarray) -> None:
+    def update(self, values: np.ndarray, bounds: tuple[float, float] | None = None) -> None:
+        """Add a tensor's values; ``bounds``: their (min, max) when the caller has them already."""
         flat = np.asarray(values, np.float32).reshape(-1)
         if flat.size == 0:
             return
-        self.lo, self.hi = min(self.lo, float(flat.min())), max(self.hi, float(flat.max()))
+        lo, hi = bounds if bounds is not None else (float(flat.min()), float(flat.max()))
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
         total = self.seen + flat.size
         keep_old = min(self.sample.size, round(SAMPLE_CAP * self.seen / total))
         keep_new = min(flat.size, SAMPLE_CAP - keep_old)
-        old = self._rng.choice(self.sample, keep_old, replace=False) if keep_old < self.sample.size else self.sample
-        new = self._rng.choice(flat, keep_new, replace=False) if keep_new < flat.size else flat
+        old = self.sample
+        if keep_old < old.size:  # drop a uniform random subset (choosing the fewer dropped: 0.3 ms, not 1.2)
+            kept = np.ones(old.size, bool)
+            kept[self._rng.choice(old.size, old.size - keep_old, replace=False, shuffle=False)] = False
+            old = old[kept]
+        # with replacement: i.i.d. draws from this tensor's values (what the observers estimate from), at
+        # O(keep_new); without, numpy permutes all of a large tensor (800K values: 6.6 ms against 1.2)
+        new = flat[self._rng.integers(0, flat.size, keep_new)] if keep_new < flat.size else flat
         self.sample, self.seen = np.concatenate([old, new]), total
 
 
