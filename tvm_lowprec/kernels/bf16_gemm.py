@@ -37,7 +37,7 @@ import numpy as np
 from tvm import te, tirx
 
 from ..intrin.x86_bf16 import bf16_value
-from .fp8_weights import DECISION_ATTR, _even_split
+from .fp8_weights import DECISION_ATTR, ColumnPanels, _even_split
 
 OP = "bf16_gemm"  # the PrimFunc's ``lowprec.op``: what the schedule rule recognises
 SOURCES = ("float8_e4m3fn", "float8_e5m2", "bfloat16")  # what the weights were: the decision's value
@@ -99,7 +99,7 @@ def bf16_round_bits(x):
 
 
 @dataclass(frozen=True)
-class Bf16Layout:
+class Bf16Layout(ColumnPanels):
     """The decision, stored on the PrimFunc: ``source`` (what the weights were, :data:`SOURCES`), the
     recipe's tensor intrinsic, ``lanes`` float32 lanes per vector, a register tile of ``mr`` rows x
     ``nr`` vectors (``panel = nr * lanes`` columns), padded sizes ``mp``, ``np_`` (padding columns hold
@@ -121,20 +121,8 @@ class Bf16Layout:
             raise ValueError(f"bad bf16 GEMM layout {self}")
 
     @property
-    def panel(self) -> int:
-        return self.nr * self.lanes
-
-    @property
     def k2(self) -> int:
         return -(-self.k // 2)
-
-    @property
-    def mp(self) -> int:
-        return -(-self.m // self.mr) * self.mr
-
-    @property
-    def np_(self) -> int:
-        return -(-self.n // self.panel) * self.panel
 
     @property
     def packed_shape(self) -> tuple[int, ...]:

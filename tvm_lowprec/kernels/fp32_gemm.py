@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
-from .fp8_weights import _even_split
+from .fp8_weights import ColumnPanels, _even_split
 
 OP = "fp32_gemm"  # the PrimFunc's ``lowprec.op``: what the schedule rule recognises
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
@@ -41,7 +41,7 @@ def _activation(value, act: str):
 
 
 @dataclass(frozen=True)
-class FloatGemmLayout:
+class FloatGemmLayout(ColumnPanels):
     """The decision, stored on the PrimFunc: ``lanes`` float32 lanes per vector, a register tile of
     ``mr`` rows x ``nr`` vectors (``panel = nr * lanes`` columns), padded sizes ``mp`` and ``np_``
     (padding columns hold weight 0; padding rows re-read the last row and are not stored),
@@ -66,17 +66,6 @@ class FloatGemmLayout:
         if self.act not in ACTIVATIONS:
             raise ValueError(f"float32 GEMM epilogue {self.act!r} is not one of {ACTIVATIONS}")
 
-    @property
-    def panel(self) -> int:
-        return self.nr * self.lanes
-
-    @property
-    def mp(self) -> int:
-        return -(-self.m // self.mr) * self.mr
-
-    @property
-    def np_(self) -> int:
-        return -(-self.n // self.panel) * self.panel
 
     @property
     def packed_shape(self) -> tuple[int, int, int]:

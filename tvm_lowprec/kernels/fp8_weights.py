@@ -143,8 +143,32 @@ def _even_split(total: int, most: int) -> int:
     return -(-total // -(-total // most))
 
 
+class ColumnPanels:
+    """Sizes shared by the float GEMMs whose weights are packed in column panels (float8 here,
+    :mod:`.fp32_gemm`, :mod:`.bf16_gemm`): a panel of ``nr`` vectors of ``lanes`` columns, M padded to
+    whole row tiles of ``mr``, N to whole panels. Mixed into frozen dataclasses with those fields."""
+
+    m: int
+    n: int
+    lanes: int
+    mr: int
+    nr: int
+
+    @property
+    def panel(self) -> int:
+        return self.nr * self.lanes
+
+    @property
+    def mp(self) -> int:
+        return -(-self.m // self.mr) * self.mr
+
+    @property
+    def np_(self) -> int:
+        return -(-self.n // self.panel) * self.panel
+
+
 @dataclass(frozen=True)
-class Fp8Layout:
+class Fp8Layout(ColumnPanels):
     """The decision, stored on the PrimFunc: ``lanes`` float32 lanes per vector, a register tile of
     ``mr`` rows x ``nr`` vectors (``panel = nr * lanes`` columns; ``nr`` even: vectors come in pairs
     that share their words), padded sizes ``mp``, ``np_`` (padding columns hold weight 0; padding rows
@@ -167,17 +191,6 @@ class Fp8Layout:
         if self.nr % 2:
             raise ValueError(f"float8 weight layout {self}: vectors come in pairs, nr must be even")
 
-    @property
-    def panel(self) -> int:
-        return self.nr * self.lanes
-
-    @property
-    def mp(self) -> int:
-        return -(-self.m // self.mr) * self.mr
-
-    @property
-    def np_(self) -> int:
-        return -(-self.n // self.panel) * self.panel
 
     @property
     def packed_shape(self) -> tuple[int, int, int]:
