@@ -44,6 +44,27 @@ def fp32_linear(shape, n, *, op="matmul", act=None, seed=0, layers=1) -> onnx.Mo
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def fp32_linear_one_bad_layer() -> onnx.ModelProto:
+    """A 3-layer 8x32 MLP whose input feature 0 (1000x the others in :func:`one_bad_feature_inputs`)
+    meets a 1000x smaller weight row: the FP32 function is ordinary, but one per-tensor scale for
+    matmul0's input wipes out the other 31 features."""
+    model = fp32_linear((8, 32), 32, act="relu", layers=3)
+    w0 = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    w0[0] *= 1e-3
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w0, model.graph.initializer[0].name))
+    return model
+
+
+def one_bad_feature_inputs(rng, n: int) -> list:
+    """``n`` 8x32 normal inputs whose feature 0 is scaled by 1000."""
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((8, 32)).astype(np.float32)
+        x[:, 0] *= 1000
+        out.append(x)
+    return out
+
+
 def quantize_qdq(model: onnx.ModelProto, samples, *, per_channel=True, reduce_range=False,
                  activation_type=None) -> onnx.ModelProto:
     """ONNX Runtime's ``quantize_static`` (QDQ, int8 weights, MinMax; uint8 activations unless

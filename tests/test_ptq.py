@@ -16,7 +16,7 @@ from tvm_lowprec.ptq import (
 from tvm_lowprec.ptq.observers import TensorStats, observed_range, qparams
 from tvm_lowprec.targets import registered_targets, resolve_target
 
-from models import fp32_cnn, fp32_linear, quantize_qdq
+from models import fp32_cnn, fp32_linear, fp32_linear_one_bad_layer, one_bad_feature_inputs, quantize_qdq
 from reference import ort_session
 
 
@@ -160,28 +160,9 @@ def test_report_as_data_and_plot(rng, tmp_path):
     assert (tmp_path / "sqnr.png").stat().st_size > 1000
 
 
-def _model_with_one_bad_layer():
-    """Input feature 0 is 1000x the others and meets a 1000x smaller weight row: the FP32 function is
-    ordinary, but one per-tensor scale for matmul0's input wipes out the other 31 features."""
-    model = fp32_linear((8, 32), 32, act="relu", layers=3)
-    w0 = numpy_helper.to_array(model.graph.initializer[0]).copy()
-    w0[0] *= 1e-3
-    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w0, model.graph.initializer[0].name))
-    return model
-
-
-def _bad_inputs(rng, n):
-    out = []
-    for _ in range(n):
-        x = rng.standard_normal((8, 32)).astype(np.float32)
-        x[:, 0] *= 1000
-        out.append(x)
-    return out
-
-
 def test_fallback_keeps_the_bad_layer_in_fp32_and_reaches_the_target(rng, caplog):
-    model = _model_with_one_bad_layer()
-    cal, held = _bad_inputs(rng, 8), _bad_inputs(rng, 4)
+    model = fp32_linear_one_bad_layer()
+    cal, held = one_bad_feature_inputs(rng, 8), one_bad_feature_inputs(rng, 4)
     mod = tvm_lowprec.from_onnx(model)
     plain = accuracy_report(mod, quantize(mod, cal, progress=False), held, progress=False)
     assert plain.output_sqnr_db < 20  # the bad layer hurts

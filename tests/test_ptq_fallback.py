@@ -5,7 +5,7 @@ import logging
 
 import numpy as np
 import pytest
-from models import fp32_linear
+from models import fp32_linear_one_bad_layer, one_bad_feature_inputs
 from onnx import TensorProto, helper, numpy_helper
 
 import tvm_lowprec
@@ -18,23 +18,11 @@ def _two_output_model():
     """``big = 100 * x`` (no layer on its path: exact whatever is quantized) and ``y``: a 3-layer MLP
     whose first layer meets an input feature 1000x the others, which one per-tensor input scale wipes
     out (quantized, ``y`` falls to ~10 dB)."""
-    model = fp32_linear((8, 32), 32, act="relu", layers=3)
-    w0 = numpy_helper.to_array(model.graph.initializer[0]).copy()
-    w0[0] *= 1e-3
-    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w0, model.graph.initializer[0].name))
+    model = fp32_linear_one_bad_layer()
     model.graph.initializer.append(numpy_helper.from_array(np.float32(100.0), "hundred"))
     model.graph.node.append(helper.make_node("Mul", ["x", "hundred"], ["big"], name="scale_up"))
     model.graph.output.insert(0, helper.make_tensor_value_info("big", TensorProto.FLOAT, [8, 32]))
     return model
-
-
-def _inputs(rng, n):
-    out = []
-    for _ in range(n):
-        x = rng.standard_normal((8, 32)).astype(np.float32)
-        x[:, 0] *= 1000
-        out.append(x)
-    return out
 
 
 def _pooled_sqnr(refs, outs):
@@ -47,7 +35,7 @@ def _pooled_sqnr(refs, outs):
 @pytest.fixture(scope="module")
 def two_outputs():
     rng = np.random.default_rng(7)
-    return tvm_lowprec.from_onnx(_two_output_model()), _inputs(rng, 8), _inputs(rng, 4)
+    return tvm_lowprec.from_onnx(_two_output_model()), one_bad_feature_inputs(rng, 8), one_bad_feature_inputs(rng, 4)
 
 
 def test_fallback_holds_on_the_small_output_that_pooling_hid(two_outputs, caplog):

@@ -21,6 +21,7 @@ from tvm.s_tir import Schedule
 
 from ..intrin.x86_bf16 import IMPORT_PRAGMA
 from ..kernels.bf16_gemm import OP
+from .blocks import epilogue_under
 
 
 class Bf16GemmRule:
@@ -71,10 +72,4 @@ class Bf16GemmRule:
     # Step 3. The epilogue (scale, and the padding columns and rows dropped) under the row tile.
     @staticmethod
     def _epilogue(sch, mo, lanes):
-        epi = sch.get_sblock("bf16_epilogue")
-        sch.reverse_compute_at(epi, mo, preserve_unit_loops=True)
-        inner = sch.get_loops(epi)[-1]
-        extent = sch.get(inner).extent
-        if hasattr(extent, "value") and int(extent.value) > lanes and int(extent.value) % lanes == 0:
-            _, inner = sch.split(inner, [None, lanes])
-        sch.vectorize(inner)
+        epilogue_under(sch, "bf16_epilogue", mo, lanes)

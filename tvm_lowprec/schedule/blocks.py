@@ -18,3 +18,16 @@ def root_children(sch) -> tuple[object, list]:
     TVMScript ones may not (then no blocks)."""
     root = find_block(sch, "root")
     return root, (list(sch.get_child_blocks(root)) if root is not None else [])
+
+
+def epilogue_under(sch, name: str, loop, lanes: int) -> None:
+    """The elementwise epilogue block ``name`` moved under ``loop`` (the row tile, or a panel) and its
+    innermost loop vectorized, split to ``lanes`` first where it is a longer multiple of them (the
+    float GEMMs: float8, float32, bf16)."""
+    epi = sch.get_sblock(name)
+    sch.reverse_compute_at(epi, loop, preserve_unit_loops=True)
+    inner = sch.get_loops(epi)[-1]
+    extent = sch.get(inner).extent
+    if hasattr(extent, "value") and int(extent.value) > lanes and int(extent.value) % lanes == 0:
+        _, inner = sch.split(inner, [None, lanes])
+    sch.vectorize(inner)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 
 from ..kernels.fp32_gemm import OP
-from .blocks import find_block
+from .blocks import epilogue_under, find_block
 
 
 def func_extent(sch, loop) -> int:
@@ -88,13 +88,7 @@ class Fp32GemmRule:
     # or under the panel, after its last K block, when K is blocked.
     @staticmethod
     def _epilogue(sch, loop, lanes):
-        epi = sch.get_sblock("fp32_epilogue")
-        sch.reverse_compute_at(epi, loop, preserve_unit_loops=True)
-        inner = sch.get_loops(epi)[-1]
-        extent = sch.get(inner).extent
-        if hasattr(extent, "value") and int(extent.value) > lanes and int(extent.value) % lanes == 0:
-            _, inner = sch.split(inner, [None, lanes])
-        sch.vectorize(inner)
+        epilogue_under(sch, "fp32_epilogue", loop, lanes)
 
     # Step 2 (convolution). The NCHW epilogue after the GEMM, parallel over output channels. Not under
     # the panel: TVM 0.27's region inference gets the rows of ``acc[oh * OW + ow, o]`` wrong there when

@@ -19,6 +19,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 
 from ..kernels.fp8_weights import OP
+from .blocks import epilogue_under
 
 
 def _is_fp8_weights(func) -> bool:
@@ -59,10 +60,4 @@ class Fp8WeightsRule:
     # Step 2. The epilogue (scale, and the padding columns and rows dropped) under the row tile.
     @staticmethod
     def _epilogue(sch, mo, lanes):
-        epi = sch.get_sblock("fp8_epilogue")
-        sch.reverse_compute_at(epi, mo, preserve_unit_loops=True)
-        inner = sch.get_loops(epi)[-1]
-        extent = sch.get(inner).extent
-        if hasattr(extent, "value") and int(extent.value) > lanes and int(extent.value) % lanes == 0:
-            _, inner = sch.split(inner, [None, lanes])
-        sch.vectorize(inner)
+        epilogue_under(sch, "fp8_epilogue", mo, lanes)
