@@ -6,6 +6,7 @@ registry); this file holds what is specific to Arm.
 """
 
 import re
+import shutil
 from importlib import resources
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 import tvm
 
 import tvm_lowprec
-from tvm_lowprec.board import EM_AARCH64
+from tvm_lowprec.board import CROSS_CC, EM_AARCH64
 from tvm_lowprec.kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, pack_weights
 from tvm_lowprec.qemu import QemuError, QemuModule, is_aarch64, read_tensors, unavailable_reason, write_tensors
 from tvm_lowprec.quant.zero_points import gemm_corrections, signed_weights
@@ -123,6 +124,10 @@ def test_a_model_cross_compiles_and_exports_an_aarch64_library(spec, tmp_path):
     assert compiled.execution == "none"  # the host cannot run it in-process: a board (RPC) does
     gemms = [k for k in compiled.kernels() if k.op == "qgemm"]
     assert gemms and all(k.intrinsic.startswith(f"lowprec_{spec.gemm.name}_") for k in gemms)
+    if shutil.which(CROSS_CC) is None:  # the error names the packages to install; nothing else to check here
+        with pytest.raises(QemuError, match="gcc-aarch64-linux-gnu and libc6-dev-arm64-cross"):
+            compiled.export_library(tmp_path / "model.so")
+        pytest.skip(f"{CROSS_CC} not found: install the Debian packages gcc-aarch64-linux-gnu and libc6-dev-arm64-cross")
     path = compiled.export_library(tmp_path / "model.so")
     header = open(path, "rb").read(20)
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == EM_AARCH64

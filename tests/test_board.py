@@ -27,6 +27,7 @@ from tvm.script import relax as R
 from tvm_lowprec.board import (
     CROSS_CC,
     EM_AARCH64,
+    QEMU,
     BoardError,
     EmulatedBoard,
     SysrootError,
@@ -127,6 +128,7 @@ def test_board_cpu_without_dotprod_traps(sysroot, library, inputs):
         assert "Illegal instruction" in board.output_tail()
 
 
+@pytest.mark.skipif(shutil.which(QEMU) is None, reason=f"{QEMU} not found: install the Debian package qemu-user")
 def test_bogus_interpreter_is_refused(tmp_path):
     """Checked before qemu starts: qemu-aarch64 itself loses its message when its output is a file."""
     missing = tmp_path / "no-such-python3.11"

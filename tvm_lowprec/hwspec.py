@@ -243,6 +243,10 @@ class TargetSpec:
     # features are not the row's, and a spec derived for one CPU drops it where that CPU lacks them
     # (:meth:`for_cpu`); None: such layers run in float32
     bf16: GemmRecipe | None = None
+    # the instructions that round float32 vectors half to even (quantize's rint), the one for the row's
+    # widest vector first: what the assembly of a vectorized quantize holds (``vrndscaleps`` on zmm;
+    # ``vroundps``, VEX, up to ymm, which LLVM still picks for narrower vectors on AVX-512 rows)
+    vector_round: tuple[str, ...] = ()
 
     device = "cpu"  # class constant (not a field): what selects the schedule rules and the lowering
     optional = ("bf16",)  # class constant: the recipes whose features a CPU of the row may lack

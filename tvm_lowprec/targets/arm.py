@@ -81,6 +81,7 @@ _FMLA = GemmRecipe(FMLA, (
 ARM_TARGETS = (
     TargetSpec(
         name="arm64-i8mm",
+        vector_round=("frintn",),
         llvm=_llvm("neon", "dotprod", "i8mm"),
         features=("neon", "dotprod", "i8mm"),
         gemm=USMMLA,
@@ -94,6 +95,7 @@ ARM_TARGETS = (
     ),
     TargetSpec(
         name="arm64-dotprod",
+        vector_round=("frintn",),
         llvm=_llvm("neon", "dotprod"),
         features=("neon", "dotprod"),
         gemm=SDOT,
@@ -107,6 +109,7 @@ ARM_TARGETS = (
     ),
     TargetSpec(
         name="arm64-neon",
+        vector_round=("frintn",),
         llvm=_llvm("neon"),
         features=("neon",),
         gemm=SMULL,

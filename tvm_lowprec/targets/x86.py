@@ -147,6 +147,7 @@ _BF16_ZMM = GemmRecipe(VDPBF16PS_512, _BF16_ZMM_TILES)
 X86_TARGETS = (
     TargetSpec(
         name="x86-avx512-vnni",
+        vector_round=("vrndscaleps", "vroundps"),
         llvm={"kind": "llvm", "mcpu": "znver4"},
         features=("avx2", "avx512f", "avx512bw", "avx512vnni"),
         gemm=VNNI_512,
@@ -161,6 +162,7 @@ X86_TARGETS = (
     ),
     TargetSpec(
         name="x86-avx-vnni",
+        vector_round=("vroundps",),
         llvm={"kind": "llvm", "mcpu": "alderlake"},
         features=("avx2", "avxvnni"),
         gemm=VNNI_256,
@@ -173,6 +175,7 @@ X86_TARGETS = (
     ),
     TargetSpec(
         name="x86-avx512",
+        vector_round=("vrndscaleps", "vroundps"),
         llvm={"kind": "llvm", "mcpu": "skylake-avx512"},
         features=("avx2", "avx512f", "avx512bw"),
         gemm=PMADDWD_512,
@@ -186,6 +189,7 @@ X86_TARGETS = (
     ),
     TargetSpec(
         name="x86-avx2",
+        vector_round=("vroundps",),
         llvm={"kind": "llvm", "mcpu": "haswell"},
         features=("avx2",),
         gemm=PMADDWD_256,
