@@ -2,16 +2,29 @@
 
 Each model takes an 8-bit tensor holding every value of its dtype, dequantizes it, applies a float
 chain written the way exporters write it, and quantizes the result; the compiled model must equal
-``onnx.reference`` on all 256 inputs and contain a table lookup instead of the float operators.
+``onnx.reference`` on all 256 inputs and contain one table lookup kernel instead of the float
+operators, on the row's lookup instruction (``vpermi2b``, ``vpshufb``, ``tbl``: the row's data).
+The lookup kernel itself (:mod:`tvm_lowprec.kernels.lookup`) is checked on every row's instruction,
+natively, emulated or under qemu-aarch64, against numpy on every input value.
 """
+
+import re
 
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import tvm_lowprec
+from tvm_lowprec.emulation import execution_mode
+from tvm_lowprec.kernels.lookup import build_lookup
+from tvm_lowprec.qemu import is_aarch64
+from tvm_lowprec.schedule import schedule_func
+from tvm_lowprec.targets import resolve_target
+
+from conftest import TARGETS, kernel_module
 
 ONNX_DTYPE = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
 
@@ -33,8 +46,23 @@ CHAINS = {
                  helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["d", "p"], ["m"]),
                  helper.make_node("Mul", ["m", "half"], ["f"])],
 }
+# hard-swish as paddle2onnx writes it, x * clip(x + 3, 0, 6) / 6, and ORT's quantize_static puts a
+# Q/DQ pair after every op (its scales below are what calibration would give: each op's range)
+CHAINS["hardswish-decomposed"] = [
+    helper.make_node("Add", ["d", "three"], ["a"]), *_qdq("add", "a", "ad", "s_add", "z_mid"),
+    helper.make_node("Clip", ["ad", "zero", "six"], ["c"]), *_qdq("clip", "c", "cd", "s_clip", "z_mid"),
+    helper.make_node("Mul", ["d", "cd"], ["m"]), *_qdq("mul", "m", "md", "s_mul", "z_mid"),
+    helper.make_node("Div", ["md", "six"], ["f"]),
+]
 CONSTS = {"sqrt2": np.float32(np.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5),
-          "s_mid": np.float32(1 / 255), "z_mid": np.uint8(0)}
+          "s_mid": np.float32(1 / 255), "z_mid": np.uint8(0), "three": np.float32(3), "zero": np.float32(0),
+          "six": np.float32(6), "s_add": np.float32(8.2 / 255), "s_clip": np.float32(6 / 255), "s_mul": np.float32(31 / 255)}
+# operators each chain folds into its table: the Relax ops between the 8-bit input and the output,
+# its dequantize and quantize included (hard-swish: DQ, Add, Q, DQ, Clip, Q, DQ, Mul, Q, DQ, Div, Q)
+FOLDED = {"sigmoid": 3, "tanh": 3, "silu": 6, "gelu-erf": 7, "hardswish-decomposed": 12}
+NATIVE = resolve_target("native")
+X86 = [s for s in TARGETS if not is_aarch64(s)]
+LOOKUPS = {l.name: (l, spec) for spec in TARGETS for l in (spec.lookup, spec.wide_lookup) if l is not None}
 
 
 def _model(chain_nodes, dtype, in_scale=0.04, out_scale=0.02, in_axis_scale=None):
@@ -58,17 +86,23 @@ def _all_values(dtype, shape):
     return np.arange(info.min, info.max + 1).astype(dtype).reshape(shape)
 
 
-def _kernel_names(compiled):
-    return " ".join(k.name for k in compiled.kernels())
+def _lookups(compiled):
+    return [k for k in compiled.kernels() if k.op == "lookup"]
+
+
+def _float_ops(compiled):
+    names = " ".join(k.name for k in compiled.kernels())
+    return [op for op in ("sigmoid", "tanh", "erf", "divide", "clip", "take") if op in names]
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 @pytest.mark.parametrize("name", list(CHAINS))
-def test_chain_is_a_table_and_exact_on_every_input(name, dtype):
+def test_chain_is_one_lookup_and_exact_on_every_input(name, dtype):
     model = _model(CHAINS[name], dtype)
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
-    names = _kernel_names(compiled)
-    assert "take" in names and not any(op in names for op in ("sigmoid", "tanh", "erf", "divide")), names
+    (lookup,) = _lookups(compiled)
+    assert lookup.intrinsic == f"lowprec_lookup_{NATIVE.lookup_intrin.name}" and lookup.folded == FOLDED[name]
+    assert not _float_ops(compiled), _float_ops(compiled)
     x = _all_values(dtype, (16, 16))
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     got = compiled(x)[0]
@@ -77,20 +111,59 @@ def test_chain_is_a_table_and_exact_on_every_input(name, dtype):
     assert len(np.unique(got)) > 20  # a real function of the input, not a clamped constant
 
 
-def test_cheap_chain_stays_arithmetic():
-    """A plain requantization with a clamp is vector arithmetic, cheaper than a gather."""
-    model = _model([helper.make_node("Relu", ["d"], ["f"])], "uint8")
-    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
-    assert "take" not in _kernel_names(compiled)
+@pytest.mark.parametrize("spec", TARGETS, ids=lambda s: s.name)
+def test_every_row_folds_the_decomposed_hardswish_into_its_lookup_instruction(spec):
+    """Built for every row: its own lookup instruction in the assembly (the row's data); run natively,
+    emulated (x86) or, for the AArch64 rows, checked at the kernel level below."""
+    model = _model(CHAINS["hardswish-decomposed"], "uint8")
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=spec)
+    (lookup,) = _lookups(compiled)
+    assert lookup.intrinsic == f"lowprec_lookup_{spec.lookup_intrin.name}"
+    assert re.search(spec.lookup_intrin.asm, compiled.inspect_source("asm"))
+    if is_aarch64(spec):
+        return
     x = _all_values("uint8", (16, 16))
     np.testing.assert_array_equal(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("n", [64 * 5, 1000, 37])
+@pytest.mark.parametrize("in_dtype, out_dtype", [("uint8", "uint8"), ("int8", "uint8"), ("uint8", "int8"), ("int8", "int8")])
+@pytest.mark.parametrize("name", list(LOOKUPS))
+def test_lookup_kernel_is_exact_on_every_row(name, in_dtype, out_dtype, n, rng):
+    """The kernel alone (vector body and scalar tail): every input value, each table dtype."""
+    intrin, spec = LOOKUPS[name]
+    func = build_lookup(n, in_dtype, out_dtype, intrin, folded=1)
+    lib = tvm.compile(schedule_func(func, spec).mod, target=spec.tvm_target(2)).mod
+    if n >= intrin.lanes:
+        assert re.search(intrin.asm, lib.inspect_source("asm"))
+    module = kernel_module(lib, spec, emulate=execution_mode(spec) == "native" and name != spec.lookup_intrin.name)
+    info_in, info_out = np.iinfo(in_dtype), np.iinfo(out_dtype)
+    x = np.resize(rng.permutation(np.arange(info_in.min, info_in.max + 1)), n).astype(in_dtype)
+    table = rng.integers(info_out.min, info_out.max + 1, 256).astype(out_dtype)
+    y = np.zeros(n, out_dtype)
+    args = [tvm.runtime.tensor(a) for a in (x, intrin.pack(table), y)]
+    module["main"](*args)
+    np.testing.assert_array_equal(args[-1].numpy(), table[x.view(np.uint8)])
+
+
+@pytest.mark.parametrize("chain, ops", [("requant", 2), ("relu", 3)])
+def test_cheap_chains_follow_the_rows_cost(chain, ops):
+    """A lone requantization (2 ops) or a clamp (3): a lookup where the row's instruction costs less
+    than the arithmetic (its ``min_ops``), vector arithmetic elsewhere; exact either way."""
+    nodes = [helper.make_node("Relu", ["d"], ["f"])] if chain == "relu" else [helper.make_node("Identity", ["d"], ["f"])]
+    model = _model(nodes, "uint8")
+    for spec in X86:
+        compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=spec)
+        assert bool(_lookups(compiled)) == (ops >= spec.lookup_intrin.min_ops), spec.name
+        x = _all_values("uint8", (16, 16))
+        np.testing.assert_array_equal(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
 
 
 def test_per_channel_parameters_keep_the_float_chain():
     """With a per-channel input scale the function depends on the position: no single table."""
     model = _model(CHAINS["sigmoid"], "uint8", in_axis_scale=[0.01, 0.02, 0.04, 0.08])
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
-    assert "take" not in _kernel_names(compiled)
+    assert not _lookups(compiled)
     x = _all_values("uint8", (4, 64))
     got, want = compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0]
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
@@ -110,4 +183,4 @@ def test_function_of_two_tensors_is_not_a_table(rng):
     got, want = compiled(x, x2)[0], ReferenceEvaluator(model).run(None, {"x": x, "x2": x2})[0]
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
     # the inner Q(sigmoid(DQ(x))) has no quantize of its own here, so no table either
-    assert "take" not in _kernel_names(compiled)
+    assert not _lookups(compiled)

@@ -152,9 +152,12 @@ def cmd_run(args) -> int:
         return _run_on_board(compiled, path, inputs, args)
     if compiled.execution != "native":
         return _run_without_timing(compiled, path, inputs, args)
-    rows = [{**r, "ms": f"{r['ms']:.4f}", "gops": "" if r["gops"] is None else f"{r['gops']:.1f}",
-             "share": f"{100 * r['share']:.0f}%"} for r in compiled.profile(inputs)]
-    print(_kernel_table(rows))
+    from .bench.bandwidth import pool_threads
+
+    profile = compiled.profile(inputs)
+    print(_kernel_table(_profile_rows(profile)))
+    print(f"bytes: read + written per call; % copy: GB/s over a copy of as many bytes on {pool_threads()} "
+          "thread(s)" + ("; schedules: all default" if _all_default(profile) else ""))
     _flag_unscheduled(compiled)
     outputs = compiled(inputs)
     t_tvm = compiled.benchmark(inputs, number=max(1, args.repeat // 5), repeat=5)
@@ -168,6 +171,20 @@ def cmd_run(args) -> int:
     print(f"\nlatency, {args.threads} thread(s), median of {args.repeat} calls:")
     print(_table(rows))
     return 0
+
+
+def _all_default(profile: list[dict]) -> bool:
+    return all(r["schedule"] == "default" for r in profile)
+
+
+def _profile_rows(profile: list[dict]) -> list[dict]:
+    """:meth:`Compiled.profile` rows as the run table's cells (the figures as the benchmarks show them);
+    the schedule column only where some kernel's is not the default (the width goes to the names)."""
+    from .bench.report import profile_figures
+
+    keep = ("name", "op", "intrinsic", "shape") + (() if _all_default(profile) else ("schedule",))
+    return [{**{c: r[c] for c in keep}, "ms": f"{r['ms']:.4f}", "calls": r["calls"], **profile_figures(r),
+             "share": f"{100 * r['share']:.0f}%"} for r in profile]
 
 
 def _flag_unscheduled(compiled) -> None:

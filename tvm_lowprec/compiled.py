@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from .errors import InputError, LowPrecError
@@ -28,7 +29,15 @@ class KernelInfo:
     intrinsic: str
     shape: tuple
     schedule: str = "default"
-    ops: int | None = None  # integer operations per call (2 per multiply-add), where the op defines them
+    ops: int | None = None  # operations per call (2 per multiply-add), where the op defines them (GEMMs)
+    reads: int | None = None  # bytes of the parameter buffers one call reads (None: a symbolic shape)
+    writes: int | None = None  # bytes of the parameter buffers one call writes
+    folded: int | None = None  # a lookup kernel: the element-wise operators its table stands for
+
+    @property
+    def bytes(self) -> int | None:
+        """Bytes one call moves: ``reads + writes``, or None where a shape is symbolic."""
+        return None if self.reads is None or self.writes is None else self.reads + self.writes
 
     def as_row(self) -> dict:
         return {"name": self.name, "op": self.op, "intrinsic": self.intrinsic, "shape": "x".join(map(str, self.shape)),
@@ -41,6 +50,39 @@ class InputSpec:
     shape: tuple
     dtype: str
     narrow: str | None = None  # "int4", "uint4", "int2", "uint2": the ONNX type ``dtype`` carries
+
+    def __post_init__(self):
+        # What a call compares against, made once: the dtype as a numpy dtype (None where numpy and
+        # ml_dtypes do not spell it as ``dtype``: then the strings are compared), the shape with None
+        # for a symbolic dimension, and whether the shape is all fixed (then one tuple comparison).
+        object.__setattr__(self, "_dtype", _numpy_dtype(self.dtype))
+        object.__setattr__(self, "_dims", tuple(d if isinstance(d, int) else None for d in self.shape))
+        object.__setattr__(self, "_fixed", all(isinstance(d, int) for d in self.shape))
+
+    def mismatch(self, value: np.ndarray) -> str | None:
+        """Why ``value`` (already in the carrier type, for a narrow input) cannot be this input, or None."""
+        expected = self._dtype
+        if (value.dtype != expected) if expected is not None else (str(value.dtype) != self.dtype):
+            return f"input {self.name!r}: expected dtype {self.dtype}, got {value.dtype}"
+        shape = value.shape
+        if shape != self._dims and (self._fixed or len(shape) != len(self._dims) or any(
+                d is not None and d != v for d, v in zip(self._dims, shape))):
+            return f"input {self.name!r}: expected shape {list(self.shape)}, got {list(shape)}"
+        return None
+
+
+def _numpy_dtype(name: str) -> np.dtype | None:
+    """``name`` as a numpy dtype whose ``str`` is ``name`` again (ml_dtypes' for bfloat16, float8...),
+    or None."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        try:
+            import ml_dtypes
+        except ImportError:
+            return None
+        dtype = np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else None
+    return dtype if dtype is not None and str(dtype) == name else None
 
 
 def _describe(gvar, func) -> KernelInfo:
@@ -58,14 +100,53 @@ def _describe(gvar, func) -> KernelInfo:
         tuple(int(s) if hasattr(s, "value") or isinstance(s, int) else str(s) for s in shape),
         str(attrs.get("lowprec.schedule", "default")),
         _ops(attrs),
+        *_traffic(func),
+        folded=int(attrs["lowprec.folded"]) if "lowprec.folded" in attrs else None,
     )
+
+
+def _traffic(func) -> tuple[int | None, int | None]:
+    """Bytes of the parameter buffers one call reads and writes, each buffer whole (shape x dtype
+    size), which the root block's access regions sort into read and written (a buffer accessed
+    opaquely, e.g. through a pointer, counts as both, as in TVM's own analysis; without a root block:
+    the last buffer written, the others read). A lookup counts its whole table though it gathers some
+    rows. (None, None) where a buffer's shape is symbolic."""
+    from tvm.s_tir.analysis import get_sblock_access_region
+    from tvm.tirx.buffer import BufferType
+
+    buffers = [p for p in func.params if isinstance(p.ty, BufferType)]
+    sizes = [_buffer_bytes(b) for b in buffers]
+    if any(size is None for size in sizes):
+        return None, None
+    if isinstance(func.body, tvm.s_tir.SBlockRealize):
+        reads, writes, opaque = get_sblock_access_region(func.body.block, {b: b for b in buffers})
+        read = {id(b) for b in buffers if any(r.source.same_as(b) for r in [*reads, *opaque])}
+        written = {id(b) for b in buffers if any(r.source.same_as(b) for r in [*writes, *opaque])}
+    else:
+        read, written = {id(b) for b in buffers[:-1]}, {id(b) for b in buffers[-1:]}
+    return (sum(n for b, n in zip(buffers, sizes) if id(b) in read),
+            sum(n for b, n in zip(buffers, sizes) if id(b) in written))
+
+
+def _buffer_bytes(buffer) -> int | None:
+    """A buffer's bytes (a bool element takes a byte), or None for a symbolic shape."""
+    if not all(isinstance(d, (int, tvm.tirx.IntImm)) for d in buffer.shape):
+        return None
+    dtype = tvm.DataType(str(buffer.dtype))
+    bits = 8 if str(dtype) == "bool" else dtype.bits * dtype.lanes
+    return math.ceil(math.prod(int(d) for d in buffer.shape) * bits / 8)
+
+
+# the kernels whose profile row reports GOPS; the others report % of the copy bandwidth
+_COMPUTE_OPS = ("qgemm", "qgemm16", "qdepthwise", "nbits_gemm", "fp32_gemm", "bf16_gemm", "fp8_weights")
 
 
 def _ops(attrs) -> int | None:
     """2 x the multiply-adds of one call: a GEMM's M·N·K (times its batch; a 4-bit weight-only GEMM's
-    too), a depthwise convolution's output size times its window."""
+    too, and the float GEMMs': FP32, its implicit-GEMM convolutions, BF16, FP8 weights), a depthwise
+    convolution's output size times its window."""
     op, shape = attrs.get("lowprec.op", None), attrs.get("lowprec.shape", None)
-    if op not in ("qgemm", "qgemm16", "qdepthwise", "nbits_gemm") or shape is None:
+    if op not in _COMPUTE_OPS or shape is None:
         return None
     count = 2 * math.prod(int(s) for s in shape)
     return count * max(int(attrs.get("lowprec.batch", 0)), 1) if op == "qgemm" else count
@@ -104,6 +185,10 @@ class Compiled:
         self._runnable = executable if runnable is _SAME else runnable
         self._device = tvm.cuda(0) if spec.device == "cuda" and self._runnable is not None else tvm.cpu()
         self._vm = relax.VirtualMachine(self._runnable, self._device) if self._runnable is not None else None
+        # the call path: main looked up once; inputs and outputs shared with numpy where on this CPU
+        self._main = self._vm["main"] if self._vm is not None else None
+        self._host = self._device.dlpack_device_type() == tvm_ffi.DLDeviceType.kDLCPU
+        self._views = _output_views(lowered_mod) if self._host and lowered_mod is not None else ()
 
     @property
     def execution(self) -> str:
@@ -141,7 +226,7 @@ class Compiled:
             _POOL_THREADS = self.num_threads
 
     def _arguments(self, args, kwargs, device=None) -> list:
-        if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
+        if len(args) == 1 and not kwargs and type(args[0]) is not np.ndarray and isinstance(args[0], Mapping):
             kwargs, args = dict(args[0]), ()
         if args and kwargs:
             raise InputError("pass inputs either by position or by name, not both")
@@ -158,21 +243,39 @@ class Compiled:
         return [self._check(spec, np.asarray(a), device) for spec, a in zip(self.inputs, args)]
 
     def _check(self, spec: InputSpec, value: np.ndarray, device=None):
+        """``value`` checked against ``spec`` (cached dtype and shape: no strings built unless it fails)
+        as a tensor on ``device`` (default: the model's); on this host's CPU without a copy where
+        :func:`_host_tensor` can."""
         if spec.narrow is not None:
             value = _to_carrier(spec, value)
-        if str(value.dtype) != spec.dtype:
-            raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype}, got {value.dtype}")
-        if len(value.shape) != len(spec.shape) or any(
-            isinstance(d, int) and d != v for d, v in zip(spec.shape, value.shape)
-        ):
-            raise InputError(f"input {spec.name!r}: expected shape {list(spec.shape)}, got {list(value.shape)}")
+        problem = spec.mismatch(value)
+        if problem is not None:
+            raise InputError(problem)
+        if device is None and self._host:
+            return _host_tensor(value)
         return tvm.runtime.tensor(np.require(value, requirements="C"), device or self._device)  # keeps 0-d arrays 0-d
 
-    def __call__(self, *args, **kwargs) -> list[np.ndarray]:
+    def __call__(self, *args, out=None, **kwargs) -> list[np.ndarray]:
+        """Run the model: the outputs as a list of numpy arrays.
+
+        On the CPU, inputs go in without a copy where their memory allows (C-contiguous, 64-byte
+        aligned, writeable, a dtype DLPack carries; :func:`_host_tensor`), else with one copy; the outputs
+        come back as numpy arrays over the memory the VM allocated for them in this call (it stays alive
+        while an array refers to it; the next call gets new memory). ``out=[arrays]`` (one per output,
+        of its shape and dtype) receives the outputs instead, by one copy each, and is returned: the
+        Relax VM allocates a model's outputs inside ``main`` (``R.vm.alloc_storage`` +
+        ``R.vm.alloc_tensor``) and has no entry point that takes the destinations. An input named
+        ``out`` is passed by position or in a dict.
+        """
         self._require()
         self._set_threads()
-        out = _to_numpy(self._vm["main"](*self._arguments(args, kwargs)))
-        return [_from_carrier(o, narrow) for o, narrow in zip(out, self.narrow_outputs)] + out[len(self.narrow_outputs):]
+        if out is not None and not isinstance(out, (list, tuple)) and any(i.name == "out" for i in self.inputs):
+            kwargs, out = {**kwargs, "out": out}, None  # the model's own input "out", by name
+        result = _to_numpy(self._main(*self._arguments(args, kwargs)), self._views)
+        if self.narrow_outputs:
+            result = ([_from_carrier(o, narrow) for o, narrow in zip(result, self.narrow_outputs)]
+                      + result[len(self.narrow_outputs):])
+        return result if out is None else _copy_into(result, out, self._lowered)
 
     def benchmark(self, *args, number: int = 10, repeat: int = 5, **kwargs) -> float:
         """Median seconds per call, measured by TVM's time evaluator (no Python overhead)."""
@@ -185,16 +288,24 @@ class Compiled:
     def profile(self, *args, repeat: int = 20, **kwargs) -> list[dict]:
         """Per-kernel time: one row per generated kernel (its :meth:`kernels` fields plus ``ms``, its time
         per model run summed over all its calls (identical layers share one kernel), median over
-        ``repeat`` runs, ``calls`` per run, ``gops`` (integer GEMM and depthwise kernels: ``ops`` per
-        second; None for the rest) and ``share`` of the summed kernel time), slowest first.
+        ``repeat`` runs, ``calls`` per run, ``gops`` (GEMMs, integer and float, and integer depthwise
+        kernels: ``ops`` per second; None for the rest), ``bytes`` one call reads and writes (:attr:`KernelInfo.bytes`: its
+        parameter buffers whole; None for a symbolic shape), ``gbs`` (``bytes x calls`` per second),
+        ``pct_copy`` (the kernels without ``gops``: ``gbs`` as a percentage of this host's copy
+        bandwidth at the same bytes and thread count, :func:`~tvm_lowprec.bench.bandwidth.copy_bandwidth`,
+        measured on the first profile of a process; None on a GPU) and ``share`` of the summed kernel
+        time), slowest first.
 
         Times come from a VM instrument around each kernel call; the callback's own overhead (a few
-        microseconds a call) is included, so sub-10 us kernels read high.
+        microseconds a call) is included, so sub-10 us kernels read high (and their GB/s low).
         """
         import time
 
+        from .bench.bandwidth import copy_bandwidth, pct_of_copy
+
         self._require(timed=True)
         self._set_threads()
+        ceiling = copy_bandwidth() if self.spec.device != "cuda" else None  # before the VM's workers spin
         tensors = self._arguments(args, kwargs)
         samples: dict[str, list[float]] = {}
         started: dict[str, float] = {}
@@ -217,7 +328,10 @@ class Compiled:
                 per_run = float(np.median(times)) * len(times) / repeat  # a kernel may run several times
                 calls = len(times) // repeat
                 gops = info.ops * calls / per_run / 1e9 if info.ops else None
-                rows.append({**info.as_row(), "ms": per_run * 1e3, "calls": calls, "gops": gops})
+                gbs = info.bytes * calls / per_run / 1e9 if info.bytes is not None else None
+                pct = pct_of_copy(info.bytes, gbs, ceiling) if gops is None else None
+                rows.append({**info.as_row(), "ms": per_run * 1e3, "calls": calls, "gops": gops,
+                             "bytes": info.bytes, "gbs": gbs, "pct_copy": pct})
         total = sum(r["ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["ms"] / total
@@ -304,7 +418,103 @@ def _from_carrier(out: np.ndarray, narrow: str | None) -> np.ndarray:
     return out.astype(getattr(ml_dtypes, narrow))
 
 
-def _to_numpy(out) -> list[np.ndarray]:
+def _host_tensor(value: np.ndarray):
+    """``value`` as a CPU tensor: its own memory through DLPack where TVM's kernels can take it (C-
+    contiguous, data 64-byte aligned, writeable: numpy refuses to export a read-only array by the
+    DLPack version tvm_ffi asks for), else a 64-byte aligned copy (one memcpy), or TVM's own copy for
+    the dtypes numpy cannot export (ml_dtypes' bfloat16, float8, int4). A 0-d array stays 0-d.
+
+    64 bytes because the generated code assumes it: TVM marks every argument buffer
+    ``storage_alignment`` 64, LLVM then emits aligned vector moves (``vmovaps``/``vmovdqa64``), and a
+    vectorized kernel handed numpy's usual 16-byte aligned data dies with SIGSEGV (seen here with
+    TVM 0.27; ``tvm.runtime.from_dlpack`` requires 64 for the same reason)."""
+    try:
+        if value.flags.c_contiguous and value.flags.writeable:
+            tensor = tvm_ffi.from_dlpack(value)
+            if not tensor.data_ptr() & 63:
+                return tensor
+        buffer = np.empty(value.nbytes + 63, np.uint8)
+        copy = np.ndarray(value.shape, value.dtype, buffer, -tvm_ffi.from_dlpack(buffer).data_ptr() & 63)
+        np.copyto(copy, value)
+        return tvm_ffi.from_dlpack(copy)
+    except (BufferError, TypeError):  # a dtype numpy's DLPack export lacks
+        return tvm.runtime.tensor(np.require(value, requirements="C"), tvm.cpu())
+
+
+# dtypes whose tensors numpy's DLPack import takes (not ml_dtypes' bfloat16, float8, int4)
+_VIEWABLE = frozenset(["bool", "float16", "float32", "float64"] + [f"{s}int{b}" for s in ("", "u") for b in (8, 16, 32, 64)])
+_ALLOC_TENSOR = ("relax.vm.alloc_tensor", "relax.builtin.alloc_tensor")
+
+
+def _output_views(mod) -> tuple[bool, ...]:
+    """Per output of the lowered ``main``, flattened as :func:`_to_numpy` does: whether the caller may
+    get a numpy view of it. Only a tensor allocated in each call is one: ``R.vm.alloc_tensor`` on storage
+    that ``R.vm.alloc_storage`` made in the same call (or ``R.builtin.alloc_tensor``), returned once, of a
+    dtype in ``_VIEWABLE``. Everything else is copied: an input, its ``vm.builtin.reshape`` view, a
+    constant, a second return of one tensor, storage from elsewhere (a cached allocation)."""
+    if "main" not in [g.name_hint for g in mod.get_global_vars()]:
+        return ()
+    main = mod["main"]
+    bound = {b.var: b.value for block in main.body.blocks for b in block.bindings}
+
+    def resolve(expr):
+        while isinstance(expr, relax.Var) and isinstance(bound.get(expr), (relax.Var, relax.Tuple)):
+            expr = bound[expr]
+        return expr
+
+    def is_call(expr, names):
+        return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in names
+
+    seen = set()
+
+    def fresh(var) -> bool:
+        value = bound.get(var) if isinstance(var, relax.Var) else None
+        if not is_call(value, _ALLOC_TENSOR) or var in seen:
+            return False
+        seen.add(var)
+        storage = bound.get(value.args[0]) if value.op.name == "relax.vm.alloc_tensor" else None
+        own = value.op.name == "relax.builtin.alloc_tensor" or is_call(storage, ("relax.vm.alloc_storage",))
+        return own and str(getattr(var.ty, "dtype", "")) in _VIEWABLE
+
+    def leaves(expr) -> list[bool]:
+        expr = resolve(expr)
+        if isinstance(expr, relax.Tuple):
+            return [v for field in expr.fields for v in leaves(field)]
+        return [fresh(expr)]
+
+    return tuple(leaves(main.body.body))
+
+
+def _flatten(out) -> list:
     if hasattr(out, "numpy"):
-        return [out.numpy()]
-    return [x for item in out for x in _to_numpy(item)]
+        return [out]
+    return [x for item in out for x in _flatten(item)]
+
+
+def _to_numpy(out, views=()) -> list[np.ndarray]:
+    """The VM's result (a tensor, or nested tuples of them) as numpy arrays: output ``i`` a view of its
+    tensor's memory where ``views[i]`` (:func:`_output_views`; the array keeps the tensor alive), a copy
+    elsewhere."""
+    if hasattr(out, "numpy"):  # one output, the common case
+        return [np.from_dlpack(out) if views == (True,) else out.numpy()]
+    tensors = _flatten(out)
+    if len(views) != len(tensors):
+        views = (False,) * len(tensors)
+    return [np.from_dlpack(t) if view else t.numpy() for t, view in zip(tensors, views)]
+
+
+def _copy_into(result: list[np.ndarray], out, lowered) -> list[np.ndarray]:
+    """``Compiled(..., out=out)``: each output copied into the caller's array, which must have its
+    shape and dtype; returns ``out`` as a list."""
+    if not isinstance(out, (list, tuple)) or len(out) != len(result):
+        raise InputError(f"out= takes a list of {len(result)} array(s), one per output, got {type(out).__name__}"
+                         + (f" of {len(out)}" if isinstance(out, (list, tuple)) else ""))
+    for i, (target, value) in enumerate(zip(out, result)):
+        if not isinstance(target, np.ndarray) or target.shape != value.shape or target.dtype != value.dtype:
+            names = lowered["main"].attrs.get("lowprec.output_names", None) if lowered is not None else None
+            name = f" ({str(names[i])!r})" if names is not None and i < len(names) else ""
+            got = (f"shape {list(target.shape)} dtype {target.dtype}" if isinstance(target, np.ndarray)
+                   else type(target).__name__)
+            raise InputError(f"out[{i}]{name}: expected shape {list(value.shape)} dtype {value.dtype}, got {got}")
+        np.copyto(target, value)
+    return list(out)

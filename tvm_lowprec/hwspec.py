@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 _INT_DTYPES = ("uint8", "int8", "int16")
 
@@ -209,6 +209,55 @@ class Bf16Intrin:
 
 
 @dataclass(frozen=True)
+class LookupIntrin:
+    """A 256-entry byte table lookup of ``lanes`` 8-bit indices at once (``vpermi2b``, ``vpshufb``,
+    Neon ``tbl``/``tbx``: :mod:`tvm_lowprec.intrin.lookup`), the kernel of a folded element-wise chain.
+
+    ``replicate``: copies of each 16-entry slice of the table in the packed layout the instruction
+    reads (1: the table as it is; ``vpshufb`` reads a slice per 128-bit lane, so ``lanes / 16``);
+    ``emit(load, idx)``: the looked-up ``uint8x<lanes>`` vector of the ``uint8x<lanes>`` indices
+    ``idx``, ``load(offset, n)`` reading ``n`` bytes of the packed table; ``min_ops``: the fewest
+    element-wise operators (its dequantize and quantize included) a chain without a transcendental
+    function must have for the lookup to cost less than the chain's vector arithmetic (a lone
+    requantization is 2); ``emulation``: the semantics of the target intrinsics it calls.
+    """
+
+    name: str
+    lanes: int
+    replicate: int
+    emit: Callable
+    features: tuple[str, ...] = ()
+    min_ops: int = 2
+    emulation: Mapping[str, object] = field(default_factory=dict)
+    why: str = ""
+    asm: str = ""  # a regular expression matching the instruction, with its registers, in the assembly
+
+    def __post_init__(self):
+        if self.lanes % 16 or self.replicate not in (1, self.lanes // 16):
+            raise ValueError(f"{self.name}: {self.lanes} lanes, {self.replicate} copies of each slice")
+
+    @property
+    def table_bytes(self) -> int:
+        return 256 * self.replicate
+
+    def slot(self, code):
+        """Where the entry of ``code`` (0..255, an int or a TIR expression) sits in the packed table."""
+        if self.replicate == 1:
+            return code
+        return (code >> 4) * (16 * self.replicate) + (code & 15)
+
+    def pack(self, table):
+        """The 256-entry ``table`` (a numpy array, index = code) in the layout the instruction reads."""
+        import numpy as np
+
+        table = np.asarray(table)
+        if table.shape != (256,):
+            raise ValueError(f"{self.name}: a lookup table has 256 entries, not {table.shape}")
+        return table if self.replicate == 1 else np.concatenate(
+            [np.tile(table[16 * j:16 * j + 16], self.replicate) for j in range(16)])
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A compilation target: the LLVM target, what the CPU must have, and the GEMM recipe."""
 
@@ -247,9 +296,14 @@ class TargetSpec:
     # widest vector first: what the assembly of a vectorized quantize holds (``vrndscaleps`` on zmm;
     # ``vroundps``, VEX, up to ymm, which LLVM still picks for narrower vectors on AVX-512 rows)
     vector_round: tuple[str, ...] = ()
+    # 256-entry byte lookups (folded element-wise chains of one 8-bit tensor): a LookupIntrin the row's
+    # features always have, and ``wide_lookup``, an optional faster one (AVX-512 VBMI's vpermi2b: not in
+    # Cascade Lake, in Ice Lake and Zen 4/5), dropped by :meth:`for_cpu` where the CPU lacks it
+    lookup: LookupIntrin | None = None
+    wide_lookup: LookupIntrin | None = None
 
     device = "cpu"  # class constant (not a field): what selects the schedule rules and the lowering
-    optional = ("bf16",)  # class constant: the recipes whose features a CPU of the row may lack
+    optional = ("bf16", "wide_lookup")  # class constant: the recipes whose features a CPU of the row may lack
     float32_requant = True  # the float32 requantization of :func:`~tvm_lowprec.kernels.qgemm.requant_f32`
 
     @property
@@ -276,6 +330,7 @@ class TargetSpec:
             self._check_fma()
         if self.bf16 is not None:
             self._check_bf16()
+        self._check_lookup()
 
     def _check_bf16(self):
         intrin = self.bf16.intrin
@@ -291,7 +346,7 @@ class TargetSpec:
         """Every CPU feature this spec's kernels may use: the row's own and its optional recipes'
         (what a host must have to run the spec's code natively)."""
         recipes = [getattr(self, name) for name in self.optional]
-        extra = [f for recipe in recipes if recipe is not None for f in recipe.intrin.features]
+        extra = [f for recipe in recipes if recipe is not None for f in _features(recipe)]
         return tuple(dict.fromkeys((*self.features, *extra)))
 
     def for_cpu(self, features) -> TargetSpec:
@@ -299,7 +354,7 @@ class TargetSpec:
         Cascade Lake gets the VNNI row without its bf16 recipe)."""
         have = set(features)
         drop = {name: None for name in self.optional
-                if getattr(self, name) is not None and not set(getattr(self, name).intrin.features) <= have}
+                if getattr(self, name) is not None and not set(_features(getattr(self, name))) <= have}
         return dataclasses.replace(self, **drop) if drop else self
 
     def _check_fma(self):
@@ -317,6 +372,15 @@ class TargetSpec:
         missing = set(intrin.features) - set(self.features)
         if missing:
             raise ValueError(f"{self.name}: 4-bit intrinsic {intrin.name} needs {sorted(missing)}")
+
+    @property
+    def lookup_intrin(self) -> LookupIntrin | None:
+        """The byte lookup this spec's kernels use: the optional wide one where kept, else the row's."""
+        return self.wide_lookup or self.lookup
+
+    def _check_lookup(self):
+        if self.lookup is not None and not set(self.lookup.features) <= set(self.features):
+            raise ValueError(f"{self.name}: lookup {self.lookup.name} needs {sorted(set(self.lookup.features) - set(self.features))}")
 
     def recipes(self) -> tuple[GemmRecipe, ...]:
         """In the order they are tried; the last one accepts every weight."""
@@ -347,6 +411,11 @@ class TargetSpec:
         if num_cores:
             cfg["num-cores"] = num_cores
         return tvm.target.Target(cfg)
+
+
+def _features(recipe) -> tuple[str, ...]:
+    """The CPU features an optional recipe (a GemmRecipe, or an intrinsic row itself) needs."""
+    return getattr(recipe, "intrin", recipe).features
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,9 @@ def schedule_module(spec, tuned=None):
         for gvar, func in mod.functions.items():
             if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs.get("tir.is_scheduled", False):
                 continue
+            if relax.analysis.has_reshape_pattern(func):  # a view: TVM's lowering makes it a no-copy reshape
+                updates[gvar] = func.with_attr("lowprec.schedule", "view")
+                continue
             sch = tuned(func) if tuned is not None else None
             from_database = sch is not None
             sch = sch if from_database else schedule_func(func, spec)
@@ -74,7 +77,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     ``weight_only``: a :class:`~tvm_lowprec.quant.weight_only.WeightOnlyConfig` (default: float activations)."""
     mod = weight_only_module(mod, spec, weight_only)
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
-    mod = lookup_tables_module(row_ops_module(mod))
+    mod = lookup_tables_module(row_ops_module(mod), spec)
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)

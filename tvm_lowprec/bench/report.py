@@ -306,3 +306,29 @@ def write_reports(rows: list[dict], meta: dict, out_dir: Path) -> Path:
     report.write_text(render_markdown(rows, meta))
     write_plot(rows, meta, out_dir / "report.png")
     return report
+
+
+# ---------------------------------------------------------------- per-kernel profile
+
+def format_bytes(nbytes: int | None) -> str:
+    """A kernel's bytes per call for a table, two digits: ``512 B``, ``4.7 KiB``, ``36 KiB``, ``1.5 MiB``;
+    ``""`` when unknown."""
+    if nbytes is None:
+        return ""
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            value = nbytes / size
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{nbytes} B"
+
+
+def profile_figures(row: dict, empty: str = "") -> dict[str, str]:
+    """The figures of one :meth:`Compiled.profile <tvm_lowprec.Compiled.profile>` row as table cells,
+    shared by ``tvm-lowprec run`` and the benchmarks' reports: ``GOPS`` (GEMMs), ``bytes`` per call and
+    ``GB/s`` (every kernel), ``% copy`` (the others: % of the copy bandwidth at their size,
+    :mod:`~tvm_lowprec.bench.bandwidth`); ``empty`` where a figure does not apply."""
+    pct = row.get("pct_copy")
+    return {"GOPS": empty if row.get("gops") is None else f"{row['gops']:.1f}",
+            "bytes": format_bytes(row.get("bytes")) or empty,
+            "GB/s": empty if row.get("gbs") is None else f"{row['gbs']:.1f}",
+            "% copy": empty if pct is None else f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"}

@@ -129,6 +129,49 @@ class HalfToFloatSemantics:
             "}", ""])
 
 
+@dataclass(frozen=True)
+class BytePermuteSemantics:
+    """``@llvm.x86.avx512.vpermi2var.qi.512(a, idx, b)`` (VPERMI2B/VPERMT2B, AVX-512 VBMI): lane ``i``
+    of the result is byte ``idx[i] & 127`` of the 128-byte concatenation of ``a`` (bytes 0-63) and
+    ``b`` (64-127); the index's top bit is ignored."""
+
+    lanes: int = 64
+
+    def llvm_ir(self, name: str) -> str:
+        n, v = self.lanes, f"<{self.lanes} x i8>"
+        both = f"<{2 * n} x i8>"
+        picks = ", ".join(f"i32 {i}" for i in range(2 * n))
+        body = [f"%t = shufflevector {v} %a, {v} %b, <{2 * n} x i32> <{picks}>", f"%r0 = bitcast {v} zeroinitializer to {v}"]
+        for i in range(n):
+            body += [f"%i{i} = extractelement {v} %idx, i32 {i}", f"%m{i} = and i8 %i{i}, {2 * n - 1}",
+                     f"%e{i} = extractelement {both} %t, i8 %m{i}", f"%r{i + 1} = insertelement {v} %r{i}, i8 %e{i}, i32 {i}"]
+        body.append(f"ret {v} %r{n}")
+        return "\n".join([f"define internal {v} @{name}({v} %a, {v} %idx, {v} %b) alwaysinline {{"]
+                         + [f"  {line}" for line in body] + ["}", ""])
+
+
+@dataclass(frozen=True)
+class ByteShuffleSemantics:
+    """``@llvm.x86.avx2.pshuf.b`` / ``@llvm.x86.avx512.pshuf.b.512(table, idx)`` (VPSHUFB): lane ``i``
+    of the result is 0 where ``idx[i]``'s top bit is set, else byte ``idx[i] & 15`` of the 16-byte
+    lane of ``table`` that holds lane ``i``."""
+
+    lanes: int
+
+    def llvm_ir(self, name: str) -> str:
+        n, v = self.lanes, f"<{self.lanes} x i8>"
+        body = [f"%r0 = bitcast {v} zeroinitializer to {v}"]
+        for i in range(n):
+            base = i - i % 16
+            body += [f"%i{i} = extractelement {v} %idx, i32 {i}", f"%l{i} = and i8 %i{i}, 15",
+                     f"%w{i} = zext i8 %l{i} to i32", f"%p{i} = add i32 %w{i}, {base}",
+                     f"%e{i} = extractelement {v} %table, i32 %p{i}", f"%z{i} = icmp slt i8 %i{i}, 0",
+                     f"%s{i} = select i1 %z{i}, i8 0, i8 %e{i}", f"%r{i + 1} = insertelement {v} %r{i}, i8 %s{i}, i32 {i}"]
+        body.append(f"ret {v} %r{n}")
+        return "\n".join([f"define internal {v} @{name}({v} %table, {v} %idx) alwaysinline {{"]
+                         + [f"  {line}" for line in body] + ["}", ""])
+
+
 # Target intrinsics that TVM's own codegen writes for some rows (not a tensor intrinsic's impl): part
 # of what :func:`tvm_lowprec.emulation.known_semantics` knows, so those builds run emulated too.
 CODEGEN_SEMANTICS = {"llvm.x86.avx512.mask.vcvtph2ps.512": HalfToFloatSemantics()}

@@ -8,8 +8,13 @@ chain with ``take(table, x)``. The output is the same as the float chain's, elem
 every input value (the table *is* the chain, evaluated on all 256 inputs), and the transcendental
 functions leave the run-time graph.
 
-Only chains with an expensive operator (:data:`COSTLY`) are replaced: a plain requantization or a
-clamp is cheaper as vector arithmetic than as a gather. Every parameter on the chain must be a scalar
+On a CPU row with a vector byte lookup (:attr:`~tvm_lowprec.hwspec.TargetSpec.lookup_intrin`:
+``vpermi2b``, ``vpshufb``, Neon ``tbl``) the table becomes a lookup kernel of its own
+(:mod:`tvm_lowprec.kernels.lookup`) over the flattened tensor, and every chain of at least the
+instruction's ``min_ops`` operators is replaced (decomposed hard-swish ``x * clip(x + 3, 0, 6) / 6``
+with a quantize/dequantize pair after each op has 12; ``vpermi2b`` takes even a lone requantization);
+chains with an expensive operator (:data:`COSTLY`) always are. Elsewhere (GPU rows) only those are,
+as ``take(table, x)``. Every parameter on the chain must be a scalar
 constant (per-tensor); per-channel parameters make the function depend on the position, and the chain
 stays as it is. All tables of a module are computed in one compiled function.
 
@@ -23,7 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.ir.prim.expr import FloatImm, IntImm
 
+from ..kernels.lookup import build_lookup
 from .patterns import bindings as function_bindings, dtype_of, static_shape
 
 ELEMENTWISE = frozenset(
@@ -45,6 +52,7 @@ class _Chain:
     quantize: relax.Call  # the chain's final quantize (the binding to replace)
     leaf: relax.Var  # the one 8-bit input
     body: relax.Expr  # the chain rebuilt over a [256] parameter of the leaf's dtype
+    ops: int  # element-wise operators folded (its quantizes and dequantizes included)
 
 
 def _is_scalar_constant(expr) -> bool:
@@ -57,21 +65,32 @@ class _ChainBuilder:
 
     def __init__(self, bindings, params):
         self.bindings, self.params = bindings, params
-        self.leaf, self.costly = None, False
+        self.leaf, self.costly, self.ops, self.memo = None, False, 0, {}
 
     def rebuild(self, expr):
+        if isinstance(expr, (FloatImm, IntImm)):
+            return expr  # a scalar operand written as a literal (clip's bounds)
         if _is_scalar_constant(expr):
             return relax.const(np.asarray(expr.value.numpy()).reshape(()))
-        if isinstance(expr, relax.Var):
-            value = self.bindings.get(expr)
-            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ELEMENTWISE:
-                return self.rebuild(value)
-            if isinstance(value, relax.Var):
-                return self.rebuild(value)
-            return self._leaf(expr)
+        if isinstance(expr, relax.Var):  # a DAG: a value read twice is rebuilt (and counted) once
+            if expr not in self.memo:
+                self.memo[expr] = self._rebuild_var(expr)
+            return self.memo[expr]
+        return self._rebuild_call(expr)
+
+    def _rebuild_var(self, expr):
+        value = self.bindings.get(expr)
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ELEMENTWISE:
+            return self.rebuild(value)
+        if isinstance(value, relax.Var):
+            return self.rebuild(value)
+        return self._leaf(expr)
+
+    def _rebuild_call(self, expr):
         if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ELEMENTWISE):
             raise _Declined
         self.costly |= expr.op.name in COSTLY
+        self.ops += 1
         args = [self.rebuild(a) for a in expr.args]
         if expr.op.name in ("relax.quantize", "relax.dequantize"):  # scalar parameters: any axis is fine
             op = relax.op.quantize if expr.op.name == "relax.quantize" else relax.op.dequantize
@@ -91,8 +110,9 @@ class _Declined(Exception):
     pass
 
 
-def find_chains(func) -> tuple[list[_Chain], dict]:
-    """The replaceable chains of ``func`` and the [256] parameters they are rebuilt over."""
+def find_chains(func, min_ops: int | None = None) -> tuple[list[_Chain], dict]:
+    """The replaceable chains of ``func`` and the [256] parameters they are rebuilt over: those with
+    a :data:`COSTLY` operator, and with ``min_ops`` given, every chain of at least that many ops."""
     bindings = {b.var: b.value for b in function_bindings(func)}
     params = {dt: relax.Var(f"table_{dt}", relax.TensorType((256,), dt)) for dt in EIGHT_BIT}
     chains = []
@@ -106,8 +126,9 @@ def find_chains(func) -> tuple[list[_Chain], dict]:
             body = builder.rebuild(value)
         except _Declined:
             continue
-        if builder.costly and builder.leaf is not None:
-            chains.append(_Chain(value, builder.leaf, body))
+        wanted = builder.costly or (min_ops is not None and builder.ops >= min_ops)
+        if wanted and builder.leaf is not None:
+            chains.append(_Chain(value, builder.leaf, body, builder.ops))
     return chains, params
 
 
@@ -132,9 +153,10 @@ def evaluate_tables(chains, params) -> list[np.ndarray]:
 
 @relax.expr_functor.mutator
 class _Replacer(relax.PyExprMutator):
-    def __init__(self, mod, chains, tables):
+    def __init__(self, mod, chains, tables, intrin=None):
         super().__init__(mod)
         self.pending = list(zip(chains, tables))
+        self.intrin = intrin
         self.replaced = 0
 
     def visit_call_(self, call):
@@ -142,21 +164,49 @@ class _Replacer(relax.PyExprMutator):
             if call.same_as(chain.quantize):
                 self.replaced += 1
                 x = self.visit_expr(chain.leaf)
-                if dtype_of(chain.leaf) == "int8":  # index by the same bits read as uint8
-                    x, table = relax.op.astype(x, "uint8"), np.roll(table, -128)
+                table = np.roll(table, -128) if dtype_of(chain.leaf) == "int8" else table  # index = the bits as uint8
+                if self.intrin is not None:
+                    return self._lookup_kernel(x, chain, table)
+                if dtype_of(chain.leaf) == "int8":
+                    x = relax.op.astype(x, "uint8")
                 return relax.op.take(relax.const(table), x, axis=0, mode="clip")  # in range by construction
         return super().visit_call_(call)
 
+    def _lookup_kernel(self, x, chain, table):
+        shape, in_dtype, out_dtype = static_shape(chain.leaf), dtype_of(chain.leaf), str(table.dtype)
+        n = int(np.prod(shape))
+        name = f"lookup_{in_dtype[0]}8_{out_dtype[0]}8_{n}"
+        func = build_lookup(n, in_dtype, out_dtype, self.intrin, chain.ops, name)
+        gvar = self.builder_.add_func(func, name)
+        flat = relax.op.reshape(x, (n,)) if len(shape) != 1 else x
+        y = relax.call_tir(gvar, [flat, relax.const(self.intrin.pack(table))], relax.TensorType((n,), out_dtype))
+        return relax.op.reshape(y, shape) if len(shape) != 1 else y
 
-def lookup_tables_module(mod):
-    """Apply the pass to every Relax function of ``mod``."""
+
+def lookup_tables_module(mod, spec=None):
+    """Apply the pass to every Relax function of ``mod``; ``spec``: the target row, whose byte lookup
+    (if any) runs the tables."""
+    intrin = getattr(spec, "lookup_intrin", None)
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function):
             continue
-        chains, params = find_chains(func)
+        chains, params = find_chains(func, intrin.min_ops if intrin is not None else None)
         if not chains:
             continue
-        replacer = _Replacer(mod, chains, evaluate_tables(chains, params))
+        replacer = _Replacer(mod, chains, evaluate_tables(chains, params), intrin)
         replacer.builder_.update_func(gvar, replacer.visit_expr(func))
         mod = replacer.builder_.get()
+    return _without_dead_lookups(mod)
+
+
+def _without_dead_lookups(mod):
+    """Dead bindings removed, and the lookup kernels no binding calls any more: a chain inside a longer
+    one (SiLU's quantized sigmoid) is replaced too, then left unused by the longer chain's table."""
+    mod = relax.transform.DeadCodeElimination()(mod)
+    used = {g.name_hint for func in mod.functions.values() if isinstance(func, relax.Function)
+            for g in relax.analysis.all_global_vars(func)}
+    for gvar, func in list(mod.functions.items()):
+        is_lookup = isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and func.attrs.get("lowprec.op", None) == "lookup"
+        if is_lookup and gvar.name_hint not in used:
+            del mod[gvar]
     return mod

@@ -3,7 +3,7 @@
 The integer convolutions run on NHWC (:mod:`~tvm_lowprec.quant.qdq_to_integer` emits
 ``NCHW -> NHWC`` before each one and ``NHWC -> NCHW`` after it). Between two convolutions sit
 operators that do not care about the layout: quantize and dequantize, the activations, the
-residual add, pooling, concatenation. This pass rewrites ``op(permute_dims(x, p))`` into
+residual add, pooling, concatenation, split, resize. This pass rewrites ``op(permute_dims(x, p))`` into
 ``permute_dims(op'(x), p)`` (``op'`` with its axes or layout attributes moved accordingly) and
 ``permute_dims(permute_dims(x, q), p)`` into one transpose or none. The transposes that survive are
 the ones before an operator that needs the original layout (a reshape, say) or at an output: the
@@ -60,8 +60,17 @@ class _Propagator(relax.PyExprMutator):
     def _transposed(self, expr):
         """(x, p) when ``expr`` is bound to ``permute_dims(x, p)``, else None."""
         bound = expr
-        while isinstance(bound, relax.Var):  # through aliases (``y = lv``)
-            bound = self.lookup_binding(bound)
+        while True:
+            while isinstance(bound, relax.Var):  # through aliases (``y = lv``)
+                bound = self.lookup_binding(bound)
+            if not isinstance(bound, relax.TupleGetItem):
+                break
+            fields = bound.tuple_value  # a piece of a split the transpose moved past
+            while isinstance(fields, relax.Var):
+                fields = self.lookup_binding(fields)
+            if not isinstance(fields, relax.Tuple):
+                return None
+            bound = fields.fields[bound.index]
         perm = _perm(bound)
         return None if perm is None else (bound.args[0], perm)
 
@@ -75,7 +84,8 @@ class _Propagator(relax.PyExprMutator):
         handler = (
             self._unary if name in UNARY else self._binary if name in BINARY else
             self._pool if name in POOLS else self._reduce if name in REDUCTIONS else
-            self._concat if name == "relax.concat" else self._resize if name == "relax.image.resize2d" else None
+            self._concat if name == "relax.concat" else self._split if name == "relax.split" else
+            self._resize if name == "relax.image.resize2d" else None
         )
         if handler is None:
             return call
@@ -171,6 +181,21 @@ class _Propagator(relax.PyExprMutator):
         perm = sides[0][1]
         new = relax.op.concat([s[0] for s in sides], _axis(int(call.attrs.axis), perm))
         return self._emit_transposed(new, perm)
+
+
+    def _split(self, call, name):
+        """``split(permute_dims(x, p))``: the pieces of ``x`` split along the moved axis, each transposed
+        (a C2f block's Split between two NHWC convolutions)."""
+        inner = self._transposed(call.args[0])
+        if inner is None:
+            return None
+        x, perm = inner
+        indices = call.attrs.indices_or_sections
+        indices = int(indices) if isinstance(indices, (int, tvm.tirx.IntImm)) else [int(i) for i in indices]
+        pieces = self.builder_.emit(relax.op.split(x, indices, _axis(int(call.attrs.axis), perm)))
+        count = len(pieces.ty.fields)
+        return relax.Tuple([self.builder_.emit(relax.op.permute_dims(relax.TupleGetItem(pieces, i), perm))
+                            for i in range(count)])
 
 
 def propagate_layout_module(mod):

@@ -13,6 +13,7 @@ from .fp8_weights import Fp8WeightsRule
 from .fp32_depthwise import Fp32DepthwiseRule
 from .fp32_gemm import Fp32GemmRule
 from .fp32_matmul import Fp32MatmulRule
+from .lookup import LookupRule
 from .nbits import NbitsGemmRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 from .qgemm16 import QGemm16Rule
@@ -22,7 +23,7 @@ from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
 DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), Bf16GemmRule(), Fp32GemmRule(), Fp32DepthwiseRule(), Fp32MatmulRule(), PackBRule(), Im2colRule(), Col2imRule(),
-                 RowOpRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
+                 RowOpRule(), LookupRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
                  DlightRule(_dlight_cpu.Reduction()))
 
 
@@ -44,5 +45,5 @@ def schedule_func(func, spec, rules=None):
 
 
 __all__ = ["Bf16GemmRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
-           "ElementwiseRule", "Fp32DepthwiseRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
+           "ElementwiseRule", "Fp32DepthwiseRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
            "RULES", "RowOpRule", "StridedReductionRule", "WindowReductionRule", "schedule_func"]

@@ -15,6 +15,7 @@ on the float path here (``smlal`` by lane would be the instruction; not done).
 
 from ..hwspec import FmaIntrin, GemmRecipe, TargetSpec, Tile
 from ..intrin.arm import NIBBLE_SDOT, SDOT, SMULL, USMMLA
+from ..intrin.lookup import TBL_V16
 
 _AARCH64 = "aarch64-linux-gnu"
 
@@ -82,6 +83,7 @@ ARM_TARGETS = (
     TargetSpec(
         name="arm64-i8mm",
         vector_round=("frintn",),
+        lookup=TBL_V16,
         llvm=_llvm("neon", "dotprod", "i8mm"),
         features=("neon", "dotprod", "i8mm"),
         gemm=USMMLA,
@@ -96,6 +98,7 @@ ARM_TARGETS = (
     TargetSpec(
         name="arm64-dotprod",
         vector_round=("frintn",),
+        lookup=TBL_V16,
         llvm=_llvm("neon", "dotprod"),
         features=("neon", "dotprod"),
         gemm=SDOT,
@@ -110,6 +113,7 @@ ARM_TARGETS = (
     TargetSpec(
         name="arm64-neon",
         vector_round=("frintn",),
+        lookup=TBL_V16,
         llvm=_llvm("neon"),
         features=("neon",),
         gemm=SMULL,

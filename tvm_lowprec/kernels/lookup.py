@@ -1,0 +1,44 @@
+"""The table lookup kernel: ``Y[i] = table[X[i]]`` over a flattened 8-bit tensor, the table (256
+entries, packed in the layout of the row's lookup instruction) a constant.
+
+Two blocks: ``lookup``, one iteration per ``lanes`` elements, each the row's vector lookup
+(:class:`~tvm_lowprec.hwspec.LookupIntrin`, :func:`~tvm_lowprec.intrin.lookup.vector_lookup`), which
+the schedule (:mod:`tvm_lowprec.schedule.lookup`) runs in parallel; and ``lookup_tail`` over the last
+``n % lanes`` elements, scalar. Decisions on the function: the instruction (``lowprec.intrin``), the
+number of element-wise operators the table stands for (``lowprec.folded``).
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from ..intrin.lookup import code_of, vector_lookup
+
+OP = "lookup"
+
+
+def build_lookup(n: int, in_dtype: str, out_dtype: str, intrin, folded: int, name: str = "lookup"):
+    """The PrimFunc ``(X[n] in_dtype, table[intrin.table_bytes] out_dtype) -> Y[n] out_dtype``."""
+    lanes, table_bytes, slot = intrin.lanes, intrin.table_bytes, intrin.slot
+    vectors = n // lanes
+    main = vectors * lanes
+
+    @T.prim_func(s_tir=True)
+    def func(X: T.Buffer((n,), in_dtype), Tab: T.Buffer((table_bytes,), out_dtype), Y: T.Buffer((n,), out_dtype)):
+        T.func_attr({"tir.noalias": True})
+        for o in range(vectors):
+            with T.sblock("lookup"):
+                vo = T.axis.remap("S", [o])
+                T.reads(Tab[0:table_bytes], X[vo * lanes:vo * lanes + lanes])
+                T.writes(Y[vo * lanes:vo * lanes + lanes])
+                Y[T.ramp(vo * lanes, 1, lanes)] = vector_lookup(intrin, X, Tab, in_dtype, out_dtype, vo * lanes)
+        for i in range(n - main):
+            with T.sblock("lookup_tail"):
+                vi = T.axis.remap("S", [i])
+                T.reads(Tab[0:table_bytes], X[main + vi])
+                T.writes(Y[main + vi])
+                Y[main + vi] = Tab[slot(code_of(X[main + vi], in_dtype))]
+
+    attrs = {"lowprec.op": OP, "op_pattern": 8, "lowprec.intrin": f"lowprec_lookup_{intrin.name}",
+             "lowprec.lanes": lanes, "lowprec.folded": folded, "lowprec.shape": [n]}
+    return func.with_attr("global_symbol", name).with_attrs(attrs)
