@@ -189,3 +189,13 @@ def test_function_of_two_tensors_is_not_a_table(rng):
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
     # the inner Q(sigmoid(DQ(x))) has no quantize of its own here, so no table either
     assert not _lookups(compiled)
+
+
+def test_a_cpu_without_vbmi_keeps_the_rows_own_lookup():
+    """The VNNI row's vpermi2b needs AVX-512 VBMI, which Cascade Lake lacks: a spec derived for such a
+    CPU drops it (as it drops bf16) and runs its tables on the row's vpshufb zmm."""
+    vnni = resolve_target("x86-avx512-vnni")
+    assert vnni.lookup_intrin.name == "vpermi2b_zmm" and "avx512vbmi" in vnni.code_features
+    cascade_lake = vnni.for_cpu(set(vnni.features))  # AVX-512 VNNI, no VBMI, no BF16
+    assert cascade_lake.wide_lookup is None and cascade_lake.lookup_intrin.name == "vpshufb_zmm"
+    assert "avx512vbmi" not in cascade_lake.code_features
