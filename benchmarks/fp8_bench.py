@@ -18,17 +18,12 @@ column is left out and the report says so), ``tvm-lowprec-fp32`` (the float32 mo
 tvm-lowprec: a plain float matmul, which its rules do not schedule today), ``ort-fp32`` (ONNX Runtime
 on the float32 model). Each output is checked against numpy (float64; for the bf16 provider with the
 activations rounded to bf16 first, the arithmetic it implements) first; the providers of a point are then timed interleaved, so a busy phase of a shared
-machine hits them alike. Output: ``results.csv``, ``results.json`` and ``report.md`` in ``--out``
+machine hits them alike, each with its default thread policy and the previous one's workers asleep
+(``tvm_lowprec.bench.quiesce``). Output: ``results.csv``, ``results.json`` and ``report.md`` in ``--out``
 (default ``benchmarks/results/fp8``).
 """
 
 from __future__ import annotations
-
-import os
-
-# two runtimes share this process and its cores: idle workers must sleep, not spin (before any import)
-os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -51,6 +46,7 @@ except ImportError:  # run from a checkout without installing the package
 from tvm_lowprec.bench.cli_args import parse_threads  # noqa: E402
 from tvm_lowprec.bench.hostinfo import collect_metadata, load_average  # noqa: E402
 from tvm_lowprec.bench.providers import ort_errors, ort_session  # noqa: E402
+from tvm_lowprec.bench.quiesce import thread_policy  # noqa: E402
 from tvm_lowprec.bench.report import write_csv, write_json  # noqa: E402
 from tvm_lowprec.bench.timing import Timing, compiled_loop, measure_interleaved, wall_loop  # noqa: E402
 
@@ -199,7 +195,7 @@ def bench_point(shape: Shape, fmt: str, threads: int, timing: Timing, seed: int,
         if not error <= CHECK_LIMIT:
             rows[name].update(status="mismatch", reason=f"max|err| / max|ref| = {error:.3g} > {CHECK_LIMIT:g}")
         runners[name] = runner
-    for name, t in measure_interleaved({key: r.loop for key, r in runners.items()}, timing).items():
+    for name, t in measure_interleaved({key: r.loop for key, r in runners.items()}, timing, quiesce=True).items():
         rows[name].update(ms=t.seconds * 1e3, gflops=2.0 * m * n * k / t.seconds / 1e9, number=t.number, repeat=t.repeat,
                           weight_gbs=rows[name]["weight_bytes"] / t.seconds / 1e9,
                           slow=t.number == t.repeat == 1 and t.seconds >= (timing.budget or math.inf))
@@ -292,7 +288,8 @@ def main(argv=None) -> int:
     timing = TIMINGS[mode]
     meta = collect_metadata(benchmark="fp8_weights", mode=mode, loadavg_start=start_load, shapes=shapes, formats=formats,
                             threads=args.threads, command="python benchmarks/fp8_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                            timing={"min_time": timing.min_time, "repeat": timing.repeat, "budget": timing.budget})
+                            timing={"min_time": timing.min_time, "repeat": timing.repeat, "budget": timing.budget},
+                            thread_policy=thread_policy())
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "results.csv", fields=FIELDS)
     write_json(rows, meta, args.out / "results.json")

@@ -31,7 +31,7 @@ fi
 JOBS=${JOBS:-$(($(nproc) > 2 ? $(nproc) - 2 : 1))}
 DEADLINE=$((SECONDS + ${BUDGET_S:-580}))
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TVM_THREAD_POOL_SPIN_COUNT=0 OMP_WAIT_POLICY=PASSIVE
+export PYTHONUNBUFFERED=1  # every runtime with its default thread policy (benchmarks quiesce between runtimes)
 
 CPU=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | tr 'A-Z' 'a-z' | sed 's/([^)]*)//g; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')
 HOSTDIR=benchmarks/results/host-${CPU:-unknown}

@@ -20,11 +20,6 @@ from __future__ import annotations
 
 import os
 
-# Two runtimes share this process and its cores: idle workers must sleep, not spin, or the one timed
-# next competes with them (ORT: session.intra_op.allow_spinning=0 in ort_session). Before any import.
-os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import math  # noqa: E402
@@ -57,6 +52,7 @@ from tvm_lowprec.bench.nbits import (  # noqa: E402
     matmul_nbits_model, nbits_weight_bytes, qdq_matmul_model,
 )
 from tvm_lowprec.bench.providers import describe_compiled, ort_errors, ort_runner, ort_session  # noqa: E402
+from tvm_lowprec.bench.quiesce import thread_policy  # noqa: E402
 from tvm_lowprec.bench.report import json_safe, write_csv, write_json, write_latency_plot  # noqa: E402
 from tvm_lowprec.bench.timing import Timing, compiled_loop, measure_interleaved, wall_loop  # noqa: E402
 
@@ -277,7 +273,7 @@ def bench_point(shape: Shape, threads: int, providers, args, timing: Timing, log
         if runner is not None:
             runners[provider.key] = runner
     try:
-        timed = measure_interleaved({key: r.loop for key, r in runners.items()}, timing)
+        timed = measure_interleaved({key: r.loop for key, r in runners.items()}, timing, quiesce=True)
     except point_errors() as err:
         timed = {}
         for key in runners:
@@ -460,7 +456,9 @@ def _header(meta: dict) -> list[str]:
         f"- data: {INT4_DATA}. int8 model: {INT8_DATA}",
         f"- timing: each point's providers timed interleaved (median of {timing['repeat']} rounds, each an inner "
         f"loop of ≥ {timing['min_time']} s); a provider whose first timed call takes ≥ {timing['budget']} s is "
-        "timed by that one call. ORT: wall clock around `run_with_iobinding`; tvm-lowprec: TVM's time evaluator.",
+        "timed by that one call. ORT: wall clock around `run_with_iobinding`; tvm-lowprec: TVM's time evaluator. "
+        "Each runtime with its default thread policy (workers spin between calls), every loop started once the "
+        "previous runtime's workers sleep (`tvm_lowprec.bench.quiesce`).",
         "- GFLOP/s = 2·M·N·K / median seconds. Weight GB/s = the bytes the format stores (int4: packed "
         "weights + float32 scales + packed zero points; int8: weights + float32 scales) / seconds, whatever "
         "the kernel actually reads (a float matmul of dequantized weights reads 8x the int4 bytes). "
@@ -558,7 +556,8 @@ def run(args: argparse.Namespace, mode: str) -> tuple[list[dict], dict]:
                      "git": git_start if git_end == git_start else f"{git_start} at start, {git_end} at end"},
         environment={k: os.environ.get(k) for k in ENVIRONMENT},
         ort_session={"intra_op_num_threads": "threads", "inter_op_num_threads": 1, "graph_optimization_level":
-                     "ORT_ENABLE_ALL (default)", "session.intra_op.allow_spinning": "0"},
+                     "ORT_ENABLE_ALL (default)", "session.intra_op.allow_spinning": "default (on)"},
+        thread_policy=thread_policy(),
         run={"mode": mode, "shapes": [list(s) for s in shapes], "threads": threads, "providers": args.providers,
              "labels": {p.key: p.label for p in providers}, "block_size": args.block_size,
              "zero_points": args.zero_points, "int8_weights": args.int8_weights, "seed": args.seed,

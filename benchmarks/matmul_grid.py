@@ -12,7 +12,6 @@ python benchmarks/matmul_grid.py --providers tvm-lowprec,ort-qlinearmatmul --thr
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import subprocess
@@ -20,11 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Several runtimes share this process and its two cores: their idle worker threads must sleep, not
-# spin, or the runtime timed next competes with the previous one's spinning workers (seen here:
-# torch at 2 threads fell to 0.07 GOPS). Set before any of them is imported; ORT: see ort_session.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+# Several runtimes share this process and its two cores, each timed with its default thread policy
+# (TVM's, ORT's, OpenMP's and OpenBLAS's workers spin between calls, as a user's do); every point starts
+# once the previous point's workers sleep (tvm_lowprec.bench.quiesce, called by bench.grid.run_point),
+# or the runtime timed next would compete with them (torch at 2 threads once fell to 0.07 GOPS).
 
 try:
     import tvm_lowprec.bench as bench

@@ -3,23 +3,23 @@
 
 Examples
 --------
-python benchmarks/model_bench.py                                  # encoder, cnn, minilm at 1 and 2 threads
+python benchmarks/model_bench.py                                  # every model of models/build.py, 1 and 2 threads
 python benchmarks/model_bench.py --quick --models encoder --threads 1
+python benchmarks/model_bench.py --quick --models textdet-decomposed --threads 1
 python benchmarks/model_bench.py --models cnn,minilm --repeat 20 --out /tmp/models
 
 The models are built (or downloaded) and quantized by ``benchmarks/models/build.py`` into its cache on
 first use. Output: ``results.csv``, ``results.json``, ``report.md`` and ``report.png`` (latency per
 model and runtime; with matplotlib) in ``--out``.
+
+Four runtimes share this process and its cores, each timed with its default thread policy (TVM's and
+ORT's workers spin between calls, as a user's do); before every timed loop the workers of the runtime
+timed before it are let fall asleep (``tvm_lowprec.bench.quiesce``), so none competes with them.
 """
 
 from __future__ import annotations
 
 import os
-
-# Four runtimes share this process and its cores: idle worker threads must sleep, not spin, or the
-# runtime timed next competes with the previous one's spinning workers. Set before any import of them.
-os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -48,7 +48,10 @@ from models.build import (  # noqa: E402
 from tvm_lowprec.bench.hostinfo import collect_metadata, load_average  # noqa: E402
 from tvm_lowprec.bench.cli_args import names_parser, parse_threads  # noqa: E402
 from tvm_lowprec.bench.providers import ort_session  # noqa: E402
-from tvm_lowprec.bench.report import json_safe, write_csv, write_latency_plot  # noqa: E402
+from tvm_lowprec.bench.quiesce import quiesce, thread_policy  # noqa: E402
+from tvm_lowprec.bench.report import (format_bytes, json_safe, profile_figures, write_csv,  # noqa: E402
+                                      write_latency_plot)
+from tvm_lowprec.bench.bandwidth import copy_bandwidth  # noqa: E402
 
 LOWPREC_ROOT = Path(tvm_lowprec.__file__).resolve().parents[1]  # the checkout actually imported
 
@@ -138,22 +141,26 @@ def measure_interleaved(runners: dict[str, tuple[Runner, float]], timing: Timing
     """Time every runner (each already called once, taking the given seconds) as :class:`Timing` says,
     interleaved: each of the ``repeat`` rounds runs one inner loop of every fast runner in turn, so a
     slow phase of the machine (other tenants, frequency changes) hits all runtimes alike and their
-    ratios stay meaningful. Slow runners are timed by single calls afterwards."""
+    ratios stay meaningful. Slow runners are timed by single calls afterwards. Every probe and loop
+    starts once the previous runtime's workers sleep (:func:`quiesce`)."""
     timed, fast, numbers = {}, {}, {}
     for key, (runner, warm_s) in runners.items():
         if warm_s >= timing.slow_s:
             continue
         fast[key] = runner
+        quiesce()
         probe = _wall(runner.run, 1)
         numbers[key] = max(1, math.ceil(timing.min_time / max(probe, 1e-6)))
     samples: dict[str, list[float]] = {key: [] for key in fast}
     for _ in range(timing.repeat):
         for key, runner in fast.items():
+            quiesce()
             samples[key].append(runner.time(numbers[key], 1))
     for key in runners:
         if key in fast:
             timed[key] = Timed(statistics.median(samples[key]), numbers[key], timing.repeat)
         else:
+            quiesce()
             timed[key] = Timed(runners[key][0].time(1, timing.slow_repeat), 1, timing.slow_repeat, slow=True)
     return timed
 
@@ -339,12 +346,14 @@ def bench_threads(built: BuiltModel, feed: dict, threads: int, refs: References,
 
 
 def profile_kernels(runner: Runner, feed: dict, timing: Timing, threads: int) -> dict:
-    """tvm-lowprec's per-kernel times (all kernels, slowest first) and their sum."""
+    """tvm-lowprec's per-kernel times (all kernels, slowest first) and their sum, with the copy
+    bandwidth their ``pct_copy`` divides by (measured by the profile, at this thread count)."""
     try:
         rows = runner.compiled.profile(feed, repeat=timing.profile_repeat)
     except TVM_ERRORS as err:
         return {"threads": threads, "error": error_text(err), "rows": []}
-    return {"threads": threads, "total_ms": sum(r["ms"] for r in rows), "kernels": len(rows), "rows": rows}
+    return {"threads": threads, "total_ms": sum(r["ms"] for r in rows), "kernels": len(rows), "rows": rows,
+            "copy_bandwidth": copy_bandwidth().rows()}
 
 
 @dataclass
@@ -430,7 +439,8 @@ def run_metadata(args: argparse.Namespace, timing: Timing, load_start, git_start
         environment={k: os.environ.get(k) for k in ("TVM_THREAD_POOL_SPIN_COUNT", "OMP_WAIT_POLICY",
                                                     "TVM_NUM_THREADS", "OPENBLAS_CORETYPE")},
         ort_session={"intra_op_num_threads": "threads", "inter_op_num_threads": 1,
-                     "session.intra_op.allow_spinning": "0"},
+                     "session.intra_op.allow_spinning": "default (on)"},
+        thread_policy=thread_policy(),
         cosine_ok=COSINE_OK,
         loadavg_start=load_start,
     )
@@ -549,12 +559,25 @@ def profile_table(profile: dict | None, end_to_end: dict | None) -> list[str]:
     plural = "s" if profile["threads"] > 1 else ""
     lines = [f"Top {PROFILE_TOP} of {profile['kernels']} kernels at {profile['threads']} thread{plural}; "
              f"kernel times sum to {_ms(total)} ms{e2e}.", "",
-             "| # | kernel | op | intrinsic | shape | ms | GOPS | share |", "|---:|---|---|---|---|---:|---:|---:|"]
+             "| # | kernel | op | intrinsic | shape | ms | GOPS | bytes | GB/s | % of copy bandwidth | share |",
+             "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(profile["rows"][:PROFILE_TOP], 1):
-        gops = "—" if r.get("gops") is None else f"{r['gops']:.1f}"
+        cells = profile_figures(r, empty="—")
         lines.append(f"| {i} | `{_short(r['name'])}` | {_op_summary(r)} | {r['intrinsic']} | {r['shape']} | "
-                     f"{_ms(r['ms'])} | {gops} | {r['share'] * 100:.1f}% |")
-    return lines
+                     f"{_ms(r['ms'])} | {cells['GOPS']} | {cells['bytes']} | {cells['GB/s']} | {cells['% copy']} | "
+                     f"{r['share'] * 100:.1f}% |")
+    return lines + ["", copy_bandwidth_line(profile.get("copy_bandwidth"))]
+
+
+def copy_bandwidth_line(table: list[dict] | None) -> str:
+    """What the profile's % of copy bandwidth divides by: bytes per call (read + written) and GB/s
+    compared with the copy moving as many bytes (tvm_lowprec.bench.bandwidth)."""
+    if not table:
+        return "No copy bandwidth measured."
+    sizes = ", ".join(f"{format_bytes(t['buffer_bytes'])} {t['gbs']:.0f}" for t in table)
+    return ("GEMMs: GOPS; the other kernels: bytes per call (parameter buffers read + written) and GB/s as a "
+            "% of this host's copy bandwidth for as many bytes at the same thread count (the faster of a TVM "
+            f"copy kernel and np.copyto, a copy of N bytes counted as 2N moved; buffer size GB/s: {sizes}).")
 
 
 def _notes(result: ModelResult) -> list[str]:
@@ -585,7 +608,8 @@ def _header(meta: dict) -> list[str]:
         f"ONNX Runtime {versions['onnxruntime']} · onnx {versions['onnx']} · numpy {versions['numpy']}", "",
         f"Load average at start {meta['loadavg_start']}, at end {meta['loadavg_end']} (other processes on "
         "these cores distort the numbers, 2 threads most). Latency: median ms per call, batch 1; the runtimes "
-        "are timed interleaved (each round times every runtime once), so a noisy phase hits them alike. "
+        "are timed interleaved (each round times every runtime once), so a noisy phase hits them alike, each "
+        "with its default thread policy (workers spin between calls), the previous runtime's workers asleep. "
         "`÷ ORT ...`: this row's latency divided by ORT's at the same thread count (above 1: slower than ORT). "
         f"`!`: output check failed (cosine < {COSINE_OK}, or for tvm-lowprec below the QDQ graph's own "
         f"sensitivity where that is lower: see each model); `error`: failed, see notes.", "",

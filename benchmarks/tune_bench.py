@@ -13,14 +13,12 @@ python benchmarks/tune_bench.py --ship schedules                  # also write t
 
 Output in ``--out``: ``report.md``, ``results.json``; the full tuning database in ``--work-dir``
 (resumable: a second run with the same folder measures only missing trials).
+
+Every runtime runs with its default thread policy (TVM's pool spinning, during tuning too), quiesced
+between runtimes by ``model_bench.measure_interleaved`` (``tvm_lowprec.bench.quiesce``).
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -41,6 +39,7 @@ tvm_lowprec = mb.tvm_lowprec
 from tvm_lowprec.bench.cli_args import parse_threads  # noqa: E402
 from tvm_lowprec.bench.hostinfo import load_average  # noqa: E402
 from tvm_lowprec.bench.problems import make_problem, qlinearmatmul_model  # noqa: E402
+from tvm_lowprec.bench.quiesce import thread_policy  # noqa: E402
 from tvm_lowprec.bench.report import json_safe  # noqa: E402
 from tvm_lowprec.tune import COST_MODELS, export_best  # noqa: E402
 
@@ -167,7 +166,7 @@ def main(argv=None) -> int:
         benchmark="tuning", shapes=args.shapes, models=args.models, trials=args.trials,
         model_trials=args.model_trials, threads=args.threads, timing=asdict(args.timing),
         target=tvm_lowprec.native_target().name, loadavg_start=load_start,
-        tvm_lowprec={"version": tvm_lowprec.__version__, "git": git_start})
+        tvm_lowprec={"version": tvm_lowprec.__version__, "git": git_start}, thread_policy=thread_policy())
     meta["loadavg_end"] = load_average()
     (args.out / "report.md").write_text(render(results, meta, args))
     payload = {"metadata": meta, "results": [row for r in results for row in r["rows"]],

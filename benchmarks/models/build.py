@@ -7,8 +7,10 @@ python benchmarks/models/build.py                       # all three into benchma
 python benchmarks/models/build.py --models cnn --force  # rebuild one
 
 Models: ``encoder`` (2-layer BERT-base-sized encoder), ``cnn`` (ResNet-18-style, 224x224), ``minilm``
-(paraphrase-MiniLM-L3-v2 from a PyPI wheel), ``detector`` (YOLOv8-style, 320x320) and ``textdet``
-(DBNet-style, 480x480), the last two built in ``detector.py`` / ``textdet.py`` (the tests use them too). Each is written as ``<name>.fp32.onnx`` (after ORT's
+(paraphrase-MiniLM-L3-v2 from a PyPI wheel), ``detector`` (YOLOv8-style, 320x320), ``textdet``
+(DBNet-style, 480x480) and ``textdet-decomposed`` (the same detector as paddle2onnx writes it: hard-swish
+as ``Add``, ``Clip``, ``Mul``, ``Div``), the last three built in ``detector.py`` / ``textdet.py`` (the tests
+use them too). Each is written as ``<name>.fp32.onnx`` (after ORT's
 ``quant_pre_process``), ``<name>.int8.onnx`` (QDQ) and ``<name>.json`` (how it was built).
 """
 
@@ -125,6 +127,11 @@ MODELS: dict[str, ModelSpec] = {
                   "two ConvTranspose; pinned to 480x480; random weights)",
                   (InputSpec("images", TEXTDET_IMAGE, "normal"),), "maps",
                   lambda cache: _pinned(db_like(MODEL_SEED), TEXTDET_IMAGE)),
+        ModelSpec("textdet-decomposed", "textdet as paddle2onnx exports PaddleOCR's detectors (every hard-swish "
+                  "as x * Clip(x + 3, 0, 6) / 6: Add, Clip, Mul, Div; HardSigmoid SE gates; ConvTranspose + BatchNorm "
+                  "head, the BatchNorm folded by quant_pre_process); pinned to 480x480; random weights",
+                  (InputSpec("images", TEXTDET_IMAGE, "normal"),), "maps",
+                  lambda cache: _pinned(db_like(MODEL_SEED, activation="decomposed"), TEXTDET_IMAGE)),
     )
 }
 

@@ -19,6 +19,26 @@ Structure:
 
 Every BatchNormalization is its own node with random statistics (the importer folds those after a
 Conv; nothing is pre-folded here), and convolutions followed by BN have no bias, as torch writes them.
+
+``db_like(activation="decomposed")`` is the same network (same weights) as paddle2onnx exports
+PaddleOCR's mobile detectors (TensorFlow and older torch exports write it alike): every hard-swish is
+``x * Clip(x + 3, 0, 6) / 6`` (``Add``, ``Clip`` with constant ``min``/``max`` inputs, ``Mul``, ``Div``);
+the squeeze-excite gates stay ``HardSigmoid -> Mul`` and the head ``ConvTranspose -> BatchNormalization``,
+NCHW. Its op counts (``benchmarks/models/build.py``'s ``textdet-decomposed``, ORT 1.32; a PP-OCR mobile
+detector has 89 Add, 86 Mul, 24 Div in the same pattern):
+
+* as built: 43 Conv, 24 BatchNormalization, 17 Add, 17 Mul, 12 Relu, 11 Clip, 11 Div, 6 HardSigmoid,
+  6 GlobalAveragePool, 6 Resize, 2 ConvTranspose, 1 Sigmoid and the resize-size subgraphs (4 Shape,
+  3 Slice, 2 Gather, 2 Unsqueeze, 3 Concat);
+* after ``quant_pre_process`` (input pinned): the shape subgraphs folded (1 Concat left) and every
+  BatchNormalization folded, the one after the ConvTranspose too (ORT's ConvBNFusion takes it);
+* after ``quantize_static`` (QDQ, per-channel): 111 QuantizeLinear, 194 DequantizeLinear (83 of them
+  on initializers); a QuantizeLinear -> DequantizeLinear pair after each of the 17 Add, 17 Mul,
+  11 Div (not an operator ORT quantizes: its neighbours' pairs surround it) and 6 HardSigmoid. The
+  11 Clip and 12 Relu are gone: ORT's quantizer drops an activation whose input has no other reader
+  and gives that input the activation's range, so each hard-swish ``Add`` is quantized to [0, 6]
+  with zero point 0 and uint8 saturation does the clipping. Quantized without ``quant_pre_process``,
+  the 24 BatchNormalization stay, each between a DequantizeLinear and a QuantizeLinear (135 Q, 253 DQ).
 """
 
 from __future__ import annotations
@@ -64,6 +84,12 @@ class _Builder(_Graph):
         if kind == "hsig_mul":  # x * HardSigmoid(x), as older exporters write hard-swish
             hs = self.op(name + ".hardsigmoid", "HardSigmoid", [x], alpha=1.0 / 6, beta=0.5)
             return self.op(name + ".mul", "Mul", [x, hs])
+        if kind == "decomposed":  # x * clip(x + 3, 0, 6) / 6, as paddle2onnx and TensorFlow write hard-swish
+            shifted = self.op(name + ".add", "Add", [x, self.const(name + ".offset", [3.0], np.float32)])
+            clipped = self.op(name + ".clip", "Clip", [shifted, self.const(name + ".min", 0.0, np.float32),
+                                                        self.const(name + ".max", 6.0, np.float32)])
+            scaled = self.op(name + ".mul", "Mul", [x, clipped])
+            return self.op(name + ".div", "Div", [scaled, self.const(name + ".scale", [6.0], np.float32)])
         assert kind is None, kind
         return x
 
@@ -127,14 +153,30 @@ _BLOCKS = [
 _TAPS = {"block3": 4, "block4": 8, "block6": 16, "block7": 32}
 
 
-def db_like(seed: int = 0, inner: int = 24) -> onnx.ModelProto:
-    """DBNet-like text detector with dynamic height/width; ``maps [1, 1, H, W]`` is the text probability."""
+# how each activation form of _BLOCKS is written: as the exporter of the ``activation`` argument writes it
+_ACTIVATIONS = {
+    "onnx": {},  # as torch.onnx.export (opset 14+) writes hard-swish: the HardSwish op, or x * HardSigmoid(x)
+    "decomposed": {"hardswish": "decomposed", "hsig_mul": "decomposed"},  # paddle2onnx, TensorFlow
+}
+
+
+def db_like(seed: int = 0, inner: int = 24, activation: str = "onnx") -> onnx.ModelProto:
+    """DBNet-like text detector with dynamic height/width; ``maps [1, 1, H, W]`` is the text probability.
+
+    ``activation="decomposed"``: every hard-swish written as ``x * clip(x + 3, 0, 6) / 6`` (``Add``,
+    ``Clip`` with constant ``min``/``max`` inputs, ``Mul``, ``Div``), as paddle2onnx exports PaddleOCR's
+    detectors; the squeeze-excite gates stay ``HardSigmoid -> Mul`` (PaddleOCR's), the weights are the
+    same (the activations hold none).
+    """
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, not {activation!r}")
+    acts = _ACTIVATIONS[activation]
     g = _Builder(seed)
     # 1. backbone
-    x = g.conv_bn("stem", "images", 3, 8, k=3, stride=2, act="hardswish")
+    x = g.conv_bn("stem", "images", 3, 8, k=3, stride=2, act=acts.get("hardswish", "hardswish"))
     c, taps = 8, {}
     for name, expand, cout, stride, act, se in _BLOCKS:
-        x = g.inverted_residual(name, x, c, expand, cout, stride, act, se)
+        x = g.inverted_residual(name, x, c, expand, cout, stride, acts.get(act, act), se)
         c = cout
         if name in _TAPS:
             taps[_TAPS[name]] = (x, c)

@@ -19,6 +19,7 @@ import numpy as np
 from . import providers as _providers  # noqa: F401  (registers the providers)
 from .hostinfo import collect_metadata, load_average
 from .problems import DATA_DESCRIPTION
+from .quiesce import quiesce, thread_policy
 from .registry import PROVIDERS, BaseProvider, get_provider
 from .report import write_reports
 from .timing import DEFAULT_TIMING, Timing, measure
@@ -98,6 +99,7 @@ def run_point(provider: BaseProvider, row: dict, timing: Timing, seed: int) -> d
     rng = np.random.default_rng([seed, m, n, k])  # same data for every provider and thread count
     try:
         prepared = provider.prepare(m, n, k, rng, threads=threads)
+        quiesce()  # the previous point's runtime's workers asleep: each provider timed with its own default
         with prepared.context():
             result = prepared.timer(timing) if prepared.timer else measure(prepared, timing)
     except POINT_ERRORS + provider.errors() as err:
@@ -217,6 +219,7 @@ def run_benchmark(bench: Benchmark, out_dir, peak_gops: float | None = None, tim
         read_gbs_per_thread=read_gbs,
         predictions=predict_points(bench.shapes, host_memory=_host_memory(peak_gops, read_gbs, peak_source))
         if predict else None, compiled_targets=sorted({r["target"] for r in rows if r["target"]}),
-        providers={name: {"available": ok, "reason": why} for name, (ok, why) in availability.items()})
+        providers={name: {"available": ok, "reason": why} for name, (ok, why) in availability.items()},
+        thread_policy=thread_policy())
     write_reports(rows, meta, Path(out_dir))
     return rows

@@ -61,8 +61,10 @@ def ort_errors() -> tuple[type[BaseException], ...]:
 
 def ort_session(model, threads: int, optimize: bool = True):
     """CPU session of ``model`` (ModelProto or path) with ``threads`` intra-op threads, one inter-op
-    thread and no spinning; ``optimize=False`` runs the graph as written (for QDQ: float operators
-    between DequantizeLinear and QuantizeLinear, no fused integer kernels)."""
+    thread and ORT's default thread policy (intra-op workers spin between calls; benchmarks quiesce
+    them before timing another runtime: :mod:`tvm_lowprec.bench.quiesce`); ``optimize=False`` runs
+    the graph as written (for QDQ: float operators between DequantizeLinear and QuantizeLinear, no
+    fused integer kernels)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -70,8 +72,6 @@ def ort_session(model, threads: int, optimize: bool = True):
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
-    # idle workers must not spin on the cores the next runtime in this process is timed on
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     source = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .quiesce import quiesce as _quiesce
+
 _MAX_NUMBER = 1 << 20
 
 
@@ -142,13 +144,17 @@ def compiled_loop(compiled, *inputs) -> Callable[[int], float]:
 
 
 def measure_interleaved(loops: Mapping[str, Callable[[int], float]],
-                        timing: Timing = DEFAULT_TIMING) -> dict[str, Measurement]:
+                        timing: Timing = DEFAULT_TIMING, quiesce: bool = False) -> dict[str, Measurement]:
     """Time several implementations of one point in interleaved rounds.
 
     Each of ``timing.repeat`` rounds runs one inner loop of every implementation in turn, so a slow
     phase of a shared machine hits them all alike and their ratios stay meaningful. An implementation
     whose first call here takes ``timing.budget`` seconds or more is measured by that call alone (make
-    an untimed warm-up call before, e.g. the one whose output is checked).
+    an untimed warm-up call before, e.g. the one whose output is checked). With ``quiesce``, every
+    first call, calibration and timed loop starts once the other threads of this process are asleep
+    (:func:`tvm_lowprec.bench.quiesce.quiesce`): runtimes with spinning worker pools (TVM's, ONNX
+    Runtime's, OpenMP's) are then timed with their default policy, none slowed by the workers of the
+    one timed before it.
 
     Parameters
     ----------
@@ -157,6 +163,9 @@ def measure_interleaved(loops: Mapping[str, Callable[[int], float]],
         own timer such as TVM's time evaluator).
     timing : Timing
         Loop sizes and the slow-point cut-off.
+    quiesce : bool
+        Wait for the other threads of this process to sleep before every loop (costs 5 ms a loop, up
+        to the spin time of the pool that ran last: TVM's ~0.2 s).
 
     Returns
     -------
@@ -169,16 +178,22 @@ def measure_interleaved(loops: Mapping[str, Callable[[int], float]],
     >>> out["a"].repeat
     3
     """
-    first = {key: loop(1) for key, loop in loops.items()}
+    settle = _quiesce if quiesce else (lambda: None)
+
+    def quiet(fn: Callable[[], object]):
+        settle()
+        return fn()
+
+    first = {key: quiet(lambda: loop(1)) for key, loop in loops.items()}
     slow = {key for key, s in first.items() if timing.budget is not None and s >= timing.budget}
     fast = {key: loop for key, loop in loops.items() if key not in slow}
     for loop in fast.values():
         for _ in range(timing.warmup - 1):
             loop(1)
-    numbers = {key: _calibrate_loop(loop, timing.min_time) for key, loop in fast.items()}
+    numbers = {key: quiet(lambda: _calibrate_loop(loop, timing.min_time)) for key, loop in fast.items()}
     samples: dict[str, list[float]] = {key: [] for key in fast}
     for _ in range(timing.repeat):
         for key, loop in fast.items():
-            samples[key].append(loop(numbers[key]))
+            samples[key].append(quiet(lambda: loop(numbers[key])))
     return {key: Measurement(first[key], 1, 1) if key in slow else
             Measurement(statistics.median(samples[key]), numbers[key], timing.repeat) for key in loops}
