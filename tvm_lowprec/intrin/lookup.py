@@ -18,8 +18,12 @@ time into the layout the instruction reads (:meth:`~tvm_lowprec.hwspec.LookupInt
 
 No desc/impl pair: TVM's tensorize cannot match a load whose index is another load (the comparator
 does not map the inner buffer's offset), so the kernel writes each row's vector expression itself
-(:func:`vector_lookup`) and its scalar tail as the loop ``Y[i] = T[slot(X[i])]``. Each row declares the semantics of the x86 intrinsics it
-calls, so the rows run emulated where the host lacks them (:mod:`.semantics`).
+(:func:`vector_lookup`) and its scalar tail as the loop ``Y[i] = T[slot(X[i])]``. Each row declares
+the semantics of the x86 intrinsics it calls, so the rows run emulated where the host lacks them
+(:mod:`.semantics`).
+
+Measured on the Zen 5 host, 1x240x240x32 uint8, one thread: ``vpermi2b`` 0.040 ms (92 GB/s read +
+written), ``vpshufb`` ymm 0.23 ms, TVM's scalar ``take`` 0.45 ms; ``vpshufb`` zmm 0.071 ms at 2 threads.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from tvm.script import tirx as T
 
 from ..hwspec import LookupIntrin
 from .semantics import BytePermuteSemantics, ByteShuffleSemantics
-
 
 
 def code_of(x, in_dtype: str):
@@ -103,11 +106,13 @@ def _row(name: str, lanes: int, replicate: int, features: tuple[str, ...], min_o
 
 
 VPERMI2B_ZMM = _row("vpermi2b_zmm", 64, 1, ("avx512f", "avx512bw", "avx512vbmi"), 2, _vpermi2b(64), r"vperm[it]2b\s+[^\n]*%zmm",
-                    "2 permutes + a masked move per 64 bytes: cheaper than any chain's float arithmetic")
+                    "2 permutes + a masked move per 64 bytes: fewer instructions than any chain's float arithmetic")
 VPSHUFB_ZMM = _row("vpshufb_zmm", 64, 4, ("avx512f", "avx512bw"), 3, _vpshufb(64, "llvm.x86.avx512.pshuf.b.512"),
                    r"vpshufb\s+[^\n]*%zmm",
-                   "16 slices x 4 instructions per 64 bytes: a lone requantization is cheaper as arithmetic")
+                   "16 slices x 4 instructions per 64 bytes, about what a lone requantization's float arithmetic "
+                   "takes (an instruction count, not timed): from 3 operators the lookup has fewer")
 VPSHUFB_YMM = _row("vpshufb_ymm", 32, 2, ("avx2",), 3, _vpshufb(32, "llvm.x86.avx2.pshuf.b"), r"vpshufb\s+[^\n]*%ymm",
-                   "16 slices x 4 instructions per 32 bytes: a lone requantization is cheaper as arithmetic")
+                   "16 slices x 4 instructions per 32 bytes, about what a lone requantization's float arithmetic "
+                   "takes (an instruction count, not timed): from 3 operators the lookup has fewer")
 TBL_V16 = _row("tbl_v16", 16, 1, ("neon",), 3, _tbl(16), r"tbl\s+v\d+\.16b",
                "4 table lookups + 3 subtractions per 16 bytes")
