@@ -113,6 +113,8 @@ class Runner:
     timer: str
     setup_s: float
     compiled: object = None  # the tvm_lowprec.Compiled, for profiling
+    # tvm-lowprec: the kernels alone (TVM's time evaluator, no Python call), timed beside ``time``
+    kernel_time: Callable[[int, int], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class Timed:
     number: int
     repeat: int
     slow: bool = False  # timed by single calls (the warm call took Timing.slow_s or more)
+    kernel_seconds: float | None = None  # Runner.kernel_time's median, where the runner has one
 
 
 def _wall(fn: Callable[[], object], number: int) -> float:
@@ -152,16 +155,25 @@ def measure_interleaved(runners: dict[str, tuple[Runner, float]], timing: Timing
         probe = _wall(runner.run, 1)
         numbers[key] = max(1, math.ceil(timing.min_time / max(probe, 1e-6)))
     samples: dict[str, list[float]] = {key: [] for key in fast}
+    kernel: dict[str, list[float]] = {key: [] for key, runner in fast.items() if runner.kernel_time is not None}
     for _ in range(timing.repeat):
         for key, runner in fast.items():
             quiesce()
             samples[key].append(runner.time(numbers[key], 1))
+            if key in kernel:  # the same round: the kernel-only figure sees the same machine
+                quiesce()
+                kernel[key].append(runner.kernel_time(numbers[key], 1))
     for key in runners:
         if key in fast:
-            timed[key] = Timed(statistics.median(samples[key]), numbers[key], timing.repeat)
+            timed[key] = Timed(statistics.median(samples[key]), numbers[key], timing.repeat,
+                               kernel_seconds=statistics.median(kernel[key]) if key in kernel else None)
         else:
+            runner = runners[key][0]
             quiesce()
-            timed[key] = Timed(runners[key][0].time(1, timing.slow_repeat), 1, timing.slow_repeat, slow=True)
+            seconds = runner.time(1, timing.slow_repeat)
+            quiesce()
+            kernel_s = runner.kernel_time(1, timing.slow_repeat) if runner.kernel_time is not None else None
+            timed[key] = Timed(seconds, 1, timing.slow_repeat, slow=True, kernel_seconds=kernel_s)
     return timed
 
 
@@ -184,10 +196,14 @@ def tvm_runner(path: Path, spec: ModelSpec, feed: dict, threads: int) -> Runner:
     compiled = tvm_lowprec.compile(mod, target="native", num_threads=threads)
     setup = time.perf_counter() - start
 
-    def timer(number: int, repeat: int) -> float:
+    def kernels(number: int, repeat: int) -> float:
         return compiled.benchmark(feed, number=number, repeat=repeat)
 
-    return Runner(lambda: compiled(feed), timer, "TVM time_evaluator (Compiled.benchmark)", setup, compiled)
+    def run():
+        return compiled(feed)
+
+    # timed as a user calls it (numpy in, numpy out), the kernels alone (TVM's time evaluator) beside it
+    return Runner(run, wall_clock_timer(run), "wall clock (Compiled.__call__)", setup, compiled, kernels)
 
 
 def make_runner(runtime: str, built: BuiltModel, feed: dict, threads: int) -> Runner:
@@ -339,8 +355,10 @@ def bench_threads(built: BuiltModel, feed: dict, threads: int, refs: References,
         t = timed[runtime]
         _log(f"  {name:8s} {runtime:17s} t={threads}: {t.seconds * 1e3:10.2f} ms  "
              f"(setup {runner.setup_s:.1f} s, {checks['status']})")
-        rows.append(_row(name, runtime, threads, ms=round(t.seconds * 1e3, 4), number=t.number, repeat=t.repeat,
-                         slow=t.slow, timer=runner.timer, setup_s=round(runner.setup_s, 2), error="", **checks))
+        kernel_ms = round(t.kernel_seconds * 1e3, 4) if t.kernel_seconds is not None else None
+        rows.append(_row(name, runtime, threads, ms=round(t.seconds * 1e3, 4), kernel_ms=kernel_ms, number=t.number,
+                         repeat=t.repeat, slow=t.slow, timer=runner.timer, setup_s=round(runner.setup_s, 2), error="",
+                         **checks))
         runners[runtime] = runner
     return rows, runners
 
@@ -491,6 +509,13 @@ def latency_table(result: ModelResult, threads: list[int]) -> list[str]:
         cells += [_ratio(r, _find(result.rows, "ort-fp32", t)) for r, t in zip(found, threads)]
         label = f"**{LABELS[runtime]}**" if runtime == "tvm-lowprec-int8" else LABELS[runtime]
         lines.append("| " + " | ".join([label] + cells) + " |")
+    kernel = [(r, t, row) for r in RUNTIMES for t in threads
+              if (row := _find(result.rows, r, t)) is not None and row.get("kernel_ms") is not None]
+    if kernel:
+        lines += ["", "Latency is timed through the call a user makes (`session.run`, `Compiled.__call__`); "
+                  "tvm-lowprec's kernels alone (`Compiled.benchmark`, TVM's time evaluator), same rounds: "
+                  + "; ".join(f"{LABELS[r]} {t} thr {row['kernel_ms']:.3g} ms (call {row['ms']:.3g} ms)"
+                              for r, t, row in kernel) + "."]
     return lines
 
 
@@ -555,7 +580,11 @@ def profile_table(profile: dict | None, end_to_end: dict | None) -> list[str]:
     if profile.get("error"):
         return [f"Profile failed: {profile['error']}"]
     total = profile["total_ms"]
-    e2e = f"; end to end (time_evaluator) {_ms(end_to_end['ms'])} ms" if end_to_end and end_to_end.get("ms") else ""
+    e2e = ""
+    if end_to_end and end_to_end.get("ms"):
+        kernel = end_to_end.get("kernel_ms")
+        e2e = (f"; end to end {_ms(end_to_end['ms'])} ms through the call"
+               + (f", {_ms(kernel)} ms by the time evaluator" if kernel else ""))
     plural = "s" if profile["threads"] > 1 else ""
     lines = [f"Top {PROFILE_TOP} of {profile['kernels']} kernels at {profile['threads']} thread{plural}; "
              f"kernel times sum to {_ms(total)} ms{e2e}.", "",
