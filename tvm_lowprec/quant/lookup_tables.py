@@ -187,6 +187,7 @@ def lookup_tables_module(mod, spec=None):
     """Apply the pass to every Relax function of ``mod``; ``spec``: the target row, whose byte lookup
     (if any) runs the tables."""
     intrin = getattr(spec, "lookup_intrin", None)
+    replaced = False
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function):
             continue
@@ -195,8 +196,8 @@ def lookup_tables_module(mod, spec=None):
             continue
         replacer = _Replacer(mod, chains, evaluate_tables(chains, params), intrin)
         replacer.builder_.update_func(gvar, replacer.visit_expr(func))
-        mod = replacer.builder_.get()
-    return _without_dead_lookups(mod)
+        mod, replaced = replacer.builder_.get(), True
+    return _without_dead_lookups(mod) if replaced else mod
 
 
 def _without_dead_lookups(mod):

@@ -182,7 +182,6 @@ class _Propagator(relax.PyExprMutator):
         new = relax.op.concat([s[0] for s in sides], _axis(int(call.attrs.axis), perm))
         return self._emit_transposed(new, perm)
 
-
     def _split(self, call, name):
         """``split(permute_dims(x, p))``: the pieces of ``x`` split along the moved axis, each transposed
         (a C2f block's Split between two NHWC convolutions)."""
