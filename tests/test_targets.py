@@ -8,6 +8,7 @@ import tvm
 import tvm_lowprec
 from tvm_lowprec.hwspec import GemmIntrin, TargetSpec, Tile
 from tvm_lowprec.targets import registered_targets, resolve_target
+from tvm_lowprec.targets.x86 import VENDOR_ONLY, X86_TARGETS
 
 from conftest import TARGETS
 
@@ -20,6 +21,16 @@ def test_row_is_consistent(spec):
     for m in (1, 2, 3, 16, 1024):
         tile = spec.tile_for(m)
         assert tile.min_m <= m
+
+
+@pytest.mark.parametrize("spec", X86_TARGETS, ids=lambda s: s.name)
+def test_a_rows_llvm_cpu_brings_no_one_vendor_extension(spec):
+    """The row's code runs on every CPU it names, Intel and AMD: its LLVM target (mcpu and mattr) has
+    no feature only one vendor's CPUs have unless the row requires it (znver4 without ``-sse4a`` emitted
+    SSE4a's ``insertq``: SIGILL on an Emerald Rapids)."""
+    target = spec.tvm_target(1)
+    llvm = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    assert not (llvm & set(VENDOR_ONLY)) - set(spec.code_features)
 
 
 @pytest.mark.parametrize("spec", TARGETS, ids=lambda s: s.name)

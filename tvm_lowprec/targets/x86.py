@@ -145,11 +145,18 @@ _BF16_ZMM_TILES = (
 )
 _BF16_ZMM = GemmRecipe(VDPBF16PS_512, _BF16_ZMM_TILES)
 
+# LLVM features that only one vendor's x86 CPUs have: a row for "Cascade Lake and later, Zen 4/5" must
+# not let its mcpu bring one in (LLVM uses SSE4a's insertq for plain shuffles), unless the row lists it
+# in ``features``; tests/test_targets.py checks every x86 row
+VENDOR_ONLY = ("sse4a", "xop", "fma4", "tbm", "clzero", "mwaitx", "rdpru")
+
 X86_TARGETS = (
     TargetSpec(
         name="x86-avx512-vnni",
         vector_round=("vrndscaleps", "vroundps"),
-        llvm={"kind": "llvm", "mcpu": "znver4"},
+        # znver4 for its scheduling model, without the AMD-only extensions (VENDOR_ONLY): LLVM emits SSE4a's
+        # insertq for plain shuffles, and built with it the row faulted (SIGILL) on an Emerald Rapids host
+        llvm={"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a", "-clzero", "-mwaitx", "-rdpru"]},
         features=("avx2", "avx512f", "avx512bw", "avx512vnni"),
         gemm=VNNI_512,
         nibble=GemmRecipe(NIBBLE_VNNI_512, _NIBBLE_TILES),
