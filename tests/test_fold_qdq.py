@@ -51,3 +51,32 @@ def test_different_parameters_are_a_requantization_and_stay(rng):
     assert any(_round_trip(k.name) for k in compiled.kernels())
     x = (rng.standard_normal((2, 3, 8, 8)) * 3).astype(np.float32)
     np.testing.assert_array_equal(compiled(x)[0], ort_session(model, optimized=False).run(None, {"x": x})[0])
+
+
+def test_a_split_with_qdq_on_every_output_splits_the_codes(rng):
+    """``DequantizeLinear -> Split -> QuantizeLinear`` on each output with the input's parameters (a YOLO
+    C2f block as ORT's quantizer writes it) splits the uint8 codes: no kernel splits float32 values or
+    quantizes a split output again; exact against ONNX Runtime on the QDQ graph."""
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.array(128, np.uint8), "z"),
+             numpy_helper.from_array(np.array([2, 6], np.int64), "sizes")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Split", ["d", "sizes"], ["a", "b"], axis=1)]
+    for name in ("a", "b"):
+        nodes += [helper.make_node("QuantizeLinear", [name, "s", "z"], [name + "q"]),
+                  helper.make_node("DequantizeLinear", [name + "q", "s", "z"], [name + "y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("ay", "by")], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    names = [k.name for k in compiled.kernels()]
+    assert any("split" in n for n in names), names
+    for n in names:  # the split's kernel splits codes: no dequantize before it (the input's quantize may fuse)
+        ops = n.split("_")
+        if "split" in ops:
+            assert not any(op.startswith("dequantize") for op in ops[:ops.index("split")]), n
+    assert not any(_round_trip(n) for n in names), names
+    x = (rng.standard_normal((1, 8, 6, 6)) * 3).astype(np.float32)
+    want = ort_session(model, optimized=False).run(None, {"x": x})
+    for got, ref in zip(compiled(x), want):
+        np.testing.assert_array_equal(got, ref)

@@ -163,3 +163,54 @@ def test_cli_kernel_table_fits_120_columns(tmp_path, capsys, rng):
     fused = [line for line in table[2:] if line.startswith("fused")]
     assert fused and all(line.split()[1] == "fused" for line in fused)
     assert any("…" in line for line in fused)
+
+
+@pytest.mark.parametrize("spec", X86_TARGETS, ids=lambda s: s.name)
+@pytest.mark.parametrize("pieces", [(8, 8, 8), (16, 16, 16, 16), (32, 8, 24)])
+def test_a_concatenation_of_whole_vectors_is_vectorized_piece_by_piece(pieces, spec, rng):
+    """A requantizing concatenation along channels whose pieces are whole vectors (a C2f block's
+    3 x 8, SPPF's 4 x 16), one piece read through a flattened view as our reshape folding leaves it: the
+    channel loop is cut at the pieces' boundaries, so no lane selects between pieces and no piece is
+    gathered (an ``x % n`` index the cut lets the simplifier drop); exact against numpy."""
+    from tvm import te, tirx
+
+    from tvm_lowprec.schedule.elementwise import ElementwiseRule
+    from tvm_lowprec.targets import host_supports
+
+    h, w = 6, 10
+    ins = [te.placeholder((1, h, w, c), "uint8", name=f"x{i}") for i, c in enumerate(pieces[:-1])]
+    flat = te.placeholder((h * w * pieces[-1],), "uint8", name="flat")
+    last = te.compute((1, h, w, pieces[-1]), lambda b, i, j, c: flat[(i * w * pieces[-1] + j * pieces[-1] + c)
+                                                                    % (h * w * pieces[-1])], name="view")
+    scales, zps = [0.03 + 0.01 * i for i in range(len(pieces))], [3 * i for i in range(len(pieces))]
+    def dequantize(t, s, z):
+        return te.compute(t.shape, lambda b, i, j, c: (t[b, i, j, c].astype("int32") - z).astype("float32") * s)
+
+    deq = [dequantize(t, s, z) for t, s, z in zip([*ins, last], scales, zps)]
+    starts = np.cumsum((0, *pieces))
+
+    def pick(b, i, j, c):
+        value = deq[-1][b, i, j, c - int(starts[-2])]
+        for k in range(len(pieces) - 2, -1, -1):
+            value = tirx.if_then_else(c < int(starts[k + 1]), deq[k][b, i, j, c - int(starts[k])], value)
+        return value
+
+    cat = te.compute((1, h, w, int(starts[-1])), pick, name="cat")
+    out = te.compute(cat.shape, lambda b, i, j, c: tirx.max(tirx.min(tirx.round(cat[b, i, j, c] / 0.05) + 7.0, 255.0),
+                                                             0.0).astype("uint8"), name="q")
+    sch = ElementwiseRule().apply(te.create_prim_func([*ins, flat, out]), spec)
+    assert "LoopPartition" in [inst.kind.name for inst in sch.trace.insts]
+    from tvm_lowprec.compiled import _traffic  # the profile's bytes, though the cut's blocks declare no regions
+
+    assert _traffic(sch.mod["main"]) == (h * w * sum(pieces), h * w * sum(pieces))
+    lib = tvm.compile(sch.mod, target=spec.tvm_target(1))
+    asm = lib.mod.inspect_source("asm")
+    assert not re.search(r"\bv?pinsrb\b|\bvpgather", asm)  # every piece loaded as vectors
+    if not host_supports(spec):
+        return  # built and checked; this host cannot run the row's code natively
+    data = [rng.integers(0, 256, (1, h, w, c), dtype=np.uint8) for c in pieces]
+    got = tvm.runtime.tensor(np.zeros((1, h, w, int(starts[-1])), np.uint8))
+    lib.mod["main"](*[tvm.runtime.tensor(d) for d in data[:-1]], tvm.runtime.tensor(data[-1].ravel()), got)
+    floats = [(d.astype(np.int32) - z).astype(np.float32) * np.float32(s) for d, s, z in zip(data, scales, zps)]
+    want = np.clip(np.rint(np.concatenate(floats, axis=-1) / np.float32(0.05)) + 7, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(got.numpy(), want)

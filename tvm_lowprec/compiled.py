@@ -120,12 +120,29 @@ def _traffic(func) -> tuple[int | None, int | None]:
         return None, None
     if isinstance(func.body, tvm.s_tir.SBlockRealize):
         reads, writes, opaque = get_sblock_access_region(func.body.block, {b: b for b in buffers})
+        if not (reads or writes or opaque):  # blocks that declare no regions (a loop_partition's)
+            reads, writes = _leaf_regions(func)
         read = {id(b) for b in buffers if any(r.source.same_as(b) for r in [*reads, *opaque])}
         written = {id(b) for b in buffers if any(r.source.same_as(b) for r in [*writes, *opaque])}
     else:
         read, written = {id(b) for b in buffers[:-1]}, {id(b) for b in buffers[-1:]}
     return (sum(n for b, n in zip(buffers, sizes) if id(b) in read),
             sum(n for b, n in zip(buffers, sizes) if id(b) in written))
+
+
+def _leaf_regions(func) -> tuple[list, list]:
+    """The read and written regions every block of ``func`` declares (the blocks walked by hand: a
+    loop_partition's output defines its block variables once per piece, which ``Schedule`` refuses)."""
+    reads, writes, stack = [], [], [func.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tvm.s_tir.SBlock):
+            reads.extend(node.reads)
+            writes.extend(node.writes)
+        stack.extend(getattr(node, "seq", ()))
+        stack.extend(c for c in (getattr(node, n, None) for n in ("block", "body", "then_case", "else_case"))
+                     if isinstance(c, (tvm.tirx.Stmt, tvm.s_tir.SBlock)))
+    return reads, writes
 
 
 def _buffer_bytes(buffer) -> int | None:

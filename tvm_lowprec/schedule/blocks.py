@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tvm
 from tvm.s_tir.schedule import ScheduleError
 
 
@@ -31,3 +32,21 @@ def epilogue_under(sch, name: str, loop, lanes: int) -> None:
     if hasattr(extent, "value") and int(extent.value) > lanes and int(extent.value) % lanes == 0:
         _, inner = sch.split(inner, [None, lanes])
     sch.vectorize(inner)
+
+
+_OPERANDS = ("a", "b", "value", "condition", "true_value", "false_value")  # a TIR node's sub-expressions
+
+
+def subexpressions(expr):
+    """Every node of the TIR expression ``expr`` (a store's value), parents first; TVM 0.27 keeps no
+    Python TIR visitor."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        for name in _OPERANDS:
+            child = getattr(node, name, None)
+            if isinstance(child, tvm.ir.expr.Expr):
+                stack.append(child)
+        for name in ("args", "indices"):
+            stack.extend(c for c in getattr(node, name, ()) if isinstance(c, tvm.ir.expr.Expr))
