@@ -46,9 +46,11 @@ def test_movement_runs_on_integers_and_matches_ort(name, rng):
 
 
 def test_different_parameters_are_a_requantization_and_stay(rng):
+    """A requantization is not folded away: it stays a float round trip, or becomes a table lookup of
+    the codes on a row whose lookup instruction takes a lone requantization (``min_ops`` 2: vpermi2b)."""
     model = _model(MOVES["transpose"], out_scale=0.07, out_zp=120)
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
-    assert any(_round_trip(k.name) for k in compiled.kernels())
+    assert any(_round_trip(k.name) or (k.op == "lookup" and k.folded == 2) for k in compiled.kernels())
     x = (rng.standard_normal((2, 3, 8, 8)) * 3).astype(np.float32)
     np.testing.assert_array_equal(compiled(x)[0], ort_session(model, optimized=False).run(None, {"x": x})[0])
 
@@ -80,3 +82,36 @@ def test_a_split_with_qdq_on_every_output_splits_the_codes(rng):
     want = ort_session(model, optimized=False).run(None, {"x": x})
     for got, ref in zip(compiled(x), want):
         np.testing.assert_array_equal(got, ref)
+
+
+def test_a_quantized_concatenation_copies_the_pieces_with_its_parameters(rng):
+    """``Concat`` of three dequantized pieces, quantized: the piece with the output's parameters and the
+    nearest-neighbour upsampled one (a YOLO FPN's ``Resize`` + ``Concat``) are copied as codes, the
+    third is requantized on its own: no kernel dequantizes before the concatenation except that
+    piece's requantization; exact against ONNX Runtime on the QDQ graph."""
+    consts = {"s": np.float32(0.05), "z": np.array(128, np.uint8), "s3": np.float32(0.08), "z3": np.array(100, np.uint8),
+              "scales": np.array([1, 1, 2, 2], np.float32)}
+    nodes = []
+    for i, (name, s, z) in enumerate((("a", "s", "z"), ("b", "s", "z"), ("c", "s3", "z3"))):
+        nodes += [helper.make_node("QuantizeLinear", [name, s, z], [f"{name}q"]),
+                  helper.make_node("DequantizeLinear", [f"{name}q", s, z], [f"{name}d"])]
+    nodes += [helper.make_node("Resize", ["bd", "", "scales"], ["bu"], mode="nearest"),
+              helper.make_node("QuantizeLinear", ["bu", "s", "z"], ["buq"]),
+              helper.make_node("DequantizeLinear", ["buq", "s", "z"], ["bud"]),
+              helper.make_node("Concat", ["ad", "bud", "cd"], ["cat"], axis=1),
+              helper.make_node("QuantizeLinear", ["cat", "s", "z"], ["y"])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)
+              for n, shape in (("a", [1, 16, 8, 8]), ("b", [1, 16, 4, 4]), ("c", [1, 8, 8, 8]))]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 10
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    names = [k.name for k in compiled.kernels()]
+    assert not any("resize2d" in n and "dequantize" in n.split("resize2d")[0] for n in names), names  # codes
+    cat = [n.split("_") for n in names if "concatenate" in n]
+    assert len(cat) == 1 and sum(op.startswith("dequantize") for op in cat[0]) <= 1, names  # c's requantization
+    feed = {n: (rng.standard_normal(shape) * 3).astype(np.float32)
+            for n, shape in (("a", (1, 16, 8, 8)), ("b", (1, 16, 4, 4)), ("c", (1, 8, 8, 8)))}
+    want = ort_session(model, optimized=False).run(None, feed)[0]
+    np.testing.assert_array_equal(compiled(*feed.values())[0], want)

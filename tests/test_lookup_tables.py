@@ -191,6 +191,30 @@ def test_function_of_two_tensors_is_not_a_table(rng):
     assert not _lookups(compiled)
 
 
+def test_a_chain_after_a_requantizing_concatenation_starts_at_its_codes(rng):
+    """A YOLO head's class scores: two 8-bit tensors with their own scales concatenated (requantized
+    into one scale), then ``Sigmoid`` with its Q/DQ pair, then a float output. Walking back from the
+    sigmoid's quantize, the chain reaches the concatenation (two tensors: no table), so it starts at
+    the concatenation's codes: one lookup, no float sigmoid left; exact against onnx.reference."""
+    consts = {"s1": np.float32(0.04), "s2": np.float32(0.06), "sc": np.float32(0.05), "so": np.float32(1 / 255),
+              "z1": np.uint8(120), "z2": np.uint8(130), "zc": np.uint8(128), "zo": np.uint8(0)}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "s1", "z1"], ["da"]),
+             helper.make_node("DequantizeLinear", ["b", "s2", "z2"], ["db"]),
+             helper.make_node("Concat", ["da", "db"], ["c"], axis=1), *_qdq("cat", "c", "cd", "sc", "zc"),
+             helper.make_node("Sigmoid", ["cd"], ["p"]), *_qdq("sig", "p", "y", "so", "zo")]
+    graph = helper.make_graph(nodes, "scores", [helper.make_tensor_value_info(n, TensorProto.UINT8, [1, c, 64])
+                                                for n, c in (("a", 3), ("b", 5))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 10
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    assert len(_lookups(compiled)) == 1 and "sigmoid" not in _float_ops(compiled), compiled.kernels()
+    a, b = (rng.integers(0, 256, (1, c, 64)).astype(np.uint8) for c in (3, 5))
+    want = ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0]
+    np.testing.assert_array_equal(compiled(a, b)[0], want)
+
+
 def test_a_cpu_without_vbmi_keeps_the_rows_own_lookup():
     """The VNNI row's vpermi2b needs AVX-512 VBMI, which Cascade Lake lacks: a spec derived for such a
     CPU drops it (as it drops bf16) and runs its tables on the row's vpshufb zmm."""

@@ -7,10 +7,13 @@ hosts those use the saturating ``vpmaddubsw`` and can be far off for full-range 
 comparison uses ``reduce_range=True`` models (7-bit weights, which ORT's fused path handles).
 """
 
+import re
+
 import numpy as np
 import pytest
 
 import tvm_lowprec
+from tvm_lowprec.targets.x86 import X86_TARGETS
 
 from models import fp32_linear, qlinear_matmul, quantize_qdq
 from reference import assert_within_one_step, for_ort, ort_session, output_scale
@@ -140,6 +143,42 @@ def test_nan_quantizes_to_the_zero_point_as_in_onnx_runtime(rng):
     got = compiled(x, mask)[0]
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got[0], np.clip(np.rint(x[0] / np.float32(0.05)) + 122, 0, 255))  # scores kept
+
+
+@pytest.mark.parametrize("spec", X86_TARGETS, ids=lambda s: s.name)
+def test_the_nan_test_of_a_quantize_stays_in_vector_registers(spec, rng):
+    """The NaN -> zero point test of a quantize after a float operator (a softmax, which can make NaN)
+    is integer arithmetic on the float's bits: its vector loop keeps vector registers (``tirx.isnan``
+    made TVM scalarize the loop: a scalar compare per element, 5x slower on a DFL softmax); NaN goes to
+    the zero point, +-inf and ordinary values quantize as ONNX Runtime's QuantizeLinear (run where the
+    host has the row)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_lowprec.targets import host_supports
+
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1), helper.make_node("Div", ["x", "p"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "nan_test", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [4, 64])],
+                              [numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.array(9, np.uint8), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 10
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=spec)
+    asm = compiled.inspect_source("asm")
+    assert not re.search(r"\bv?u?comiss\b", asm), "a scalar float compare: the NaN test left vector registers"
+    if not host_supports(spec):
+        return
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    x[0, :8] = np.nan  # NaN / p: NaN
+    x[1, :] = -np.inf  # the whole row: softmax NaN
+    x[2, 5] = np.inf
+    with np.errstate(all="ignore"):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        nan = np.isnan(x / (e / e.sum(axis=-1, keepdims=True)))
+    assert nan[0, :8].all() and nan[1].all()
+    got, want = compiled(x)[0], ort_session(model, optimized=False).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got[nan], 9)  # NaN: the zero point (docs/numerics.md; ORT's MLAS clamps to 0)
+    np.testing.assert_array_equal(got[~nan], want[~nan])
 
 
 def _float_output_qdq(rng, m=3, k=256, n=64, bias=True):

@@ -16,6 +16,7 @@ import tvm_lowprec
 from benchmarks.models.detector import yolo_like
 from benchmarks.models.textdet import db_like
 from models import fp32_block_net, fp32_cnn, quantize_qdq
+from tvm_lowprec.targets import resolve_target
 from tvm_lowprec.targets.x86 import X86_TARGETS
 
 
@@ -214,3 +215,25 @@ def test_a_concatenation_of_whole_vectors_is_vectorized_piece_by_piece(pieces, s
     floats = [(d.astype(np.int32) - z).astype(np.float32) * np.float32(s) for d, s, z in zip(data, scales, zps)]
     want = np.clip(np.rint(np.concatenate(floats, axis=-1) / np.float32(0.05)) + 7, 0, 255).astype(np.uint8)
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_a_trailing_reshape_is_written_from_the_producers_nest(rng):
+    """A nearest 2x upsample of 6 channels flattened for the next kernel (a text detector's FPN
+    pieces): the flatten is folded into the upsample's own nest (reverse_compute_inline), which writes
+    the flat positions, instead of a flat loop dividing every position back into (h, w, c); exact."""
+    from tvm import te
+
+    from tvm_lowprec.schedule.elementwise import ElementwiseRule
+
+    h, w, c = 15, 15, 6
+    x = te.placeholder((1, h, w, c), "uint8", name="x")
+    up = te.compute((1, 2 * h, 2 * w, c), lambda b, i, j, k: x[b, i // 2, j // 2, k], name="resize")
+    flat = te.compute((4 * h * w * c,), lambda n: up[0, n // (2 * w * c), n // c % (2 * w), n % c], name="T_reshape")
+    sch = ElementwiseRule().apply(te.create_prim_func([x, flat]), resolve_target("native"))
+    blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert blocks == ["resize"], blocks
+    lib = tvm.compile(sch.mod, target=resolve_target("native").tvm_target(1))
+    data = rng.integers(0, 256, (1, h, w, c), dtype=np.uint8)
+    got = tvm.runtime.tensor(np.zeros(4 * h * w * c, np.uint8))
+    lib.mod["main"](tvm.runtime.tensor(data), got)
+    np.testing.assert_array_equal(got.numpy(), data.repeat(2, axis=1).repeat(2, axis=2).ravel())

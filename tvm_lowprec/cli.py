@@ -63,7 +63,7 @@ def _kernel_table(rows: list[dict]) -> str:
         return _table(rows)
     others = [c for c in rows[0] if c != "name"]
     used = sum(max(len(c), *(len(str(r[c])) for r in rows)) + 2 for c in others)
-    width = max(16, TABLE_WIDTH - used)
+    width = max(12, TABLE_WIDTH - used)
     return _table([{**r, "name": _shorten(str(r["name"]), width)} for r in rows])
 
 

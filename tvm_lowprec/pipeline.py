@@ -21,6 +21,7 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 from tvm.relax.backend.cuda import pipeline as cuda
 
+from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.finite_quantize import finite_quantize_module
 from .quant.float_gemm import float_gemm_module
 from .quant.fold_qdq import fold_qdq_module
@@ -81,7 +82,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
-    mod = finite_quantize_module(mod)
+    mod = dequantize_per_use_module(finite_quantize_module(mod))
     return tvm.transform.Sequential(
         [
             relax.transform.DeadCodeElimination(),

@@ -7,6 +7,11 @@ expand_dims, flatten, max pooling: they commute with the monotone dequantize), a
 outputs are quantized back with the same parameters (a YOLO C2f block's ``Split``, each output with its
 Q/DQ pair) splits the codes: ``quantize(split(dequantize(x))[i])`` becomes ``split(x)[i]``, the integer
 split emitted once for all its outputs (a float split left for other uses is removed as dead code).
+A quantized concatenation of feature maps (4-D) is a concatenation of quantized pieces, ``quantize(concat(pieces))`` becomes
+``concat([quantize(p) for p in pieces])`` (per-tensor parameters: the same values), so that each piece
+folds on its own: a piece dequantized with the output's parameters is copied as codes, another is a
+requantization of one tensor (a table lookup, :mod:`~tvm_lowprec.quant.lookup_tables`). A resize with
+nearest-neighbour sampling only moves values and folds like the movement operators.
 Exact: for |x - z| <= 255,
 ``rint(float32(float32((x - z) * s) / s)) == x - z``.
 
@@ -20,9 +25,27 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .patterns import call_of, constant, dtype_of, first_call, mutate_relax_functions
+from .patterns import call_of, constant, dtype_of, first_call, mutate_relax_functions, static_shape
 
-MOVEMENT_OPS = ("reshape", "permute_dims", "squeeze", "expand_dims", "flatten", "nn.max_pool2d")
+MOVEMENT_OPS = ("reshape", "permute_dims", "squeeze", "expand_dims", "flatten", "nn.max_pool2d", "image.resize2d")
+
+
+def _moves_only(call) -> bool:
+    """A MOVEMENT_OPS call that only moves values: a resize only with nearest-neighbour sampling."""
+    return call.op.name != "relax.image.resize2d" or str(call.attrs.method) == "nearest_neighbor"
+
+
+def _constant_derived(expr, lookup, depth: int = 6) -> bool:
+    """``expr`` is a constant, or computed from constants only, within ``depth`` bindings."""
+    if isinstance(expr, relax.Var):
+        expr = lookup(expr)
+    if expr is None or isinstance(expr, relax.Var):  # a function parameter
+        return False
+    if isinstance(expr, relax.Tuple):
+        return all(_constant_derived(f, lookup, depth) for f in expr.fields)
+    if isinstance(expr, relax.Call):
+        return depth > 0 and all(_constant_derived(a, lookup, depth - 1) for a in expr.args)
+    return True  # a constant, a shape, a scalar attribute
 
 
 def _same_params(q, dq, lookup) -> bool:
@@ -59,10 +82,35 @@ class _Folder(relax.PyExprMutator):
         self.folded += 1
         return self.builder_.emit(relax.TupleGetItem(twin, item.index))
 
+    def _concat_pieces(self, call, lookup):
+        """``concat([quantize(p, s, z) for p in pieces])`` for ``quantize(concat(pieces), s, z)`` with
+        per-tensor parameters, each piece's quantize folded where it can be (a piece dequantized with
+        the same parameters is its codes); None for anything else."""
+        cat = call_of(call.args[0], "concat", lookup)
+        if cat is None or any(np.asarray(constant(p, lookup)).size != 1 for p in call.args[1:] if constant(p, lookup) is not None) \
+                or any(constant(p, lookup) is None for p in call.args[1:]):
+            return None
+        fields = cat.args[0]
+        if isinstance(fields, relax.Var):
+            fields = lookup(fields)
+        if not isinstance(fields, relax.Tuple) or any(_constant_derived(f, lookup) for f in fields.fields):
+            return None  # a head's anchor grid: left to constant folding as it was
+        if any(len(static_shape(f) or ()) != 4 for f in fields.fields):
+            # feature maps only: pieces of a YOLO head's (2, N) anchor grid computed from the image's
+            # shape, distributed, made FoldConstant's LLVM build abort ("Do not know how to split")
+            return None
+        pieces = [self.builder_.emit(self._fold(relax.op.quantize(f, call.args[1], call.args[2], -1, str(call.attrs.out_dtype))))
+                  for f in fields.fields]
+        self.folded += 1
+        return relax.op.concat(pieces, int(cat.attrs.axis))
+
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if not call.op.same_as(tvm.ir.Op.get("relax.quantize")):
             return call
+        return self._fold(call)
+
+    def _fold(self, call):
         lookup = self.lookup_binding
         dq = call_of(call.args[0], "dequantize", lookup)
         if dq is not None and _same_params(call, dq, lookup):
@@ -71,8 +119,11 @@ class _Folder(relax.PyExprMutator):
         item = self._split_item(call, lookup)
         if item is not None:
             return item
+        pieces = self._concat_pieces(call, lookup)
+        if pieces is not None:
+            return pieces
         move = first_call(call.args[0], MOVEMENT_OPS, lookup)
-        dq = call_of(move.args[0], "dequantize", lookup) if move is not None else None
+        dq = call_of(move.args[0], "dequantize", lookup) if move is not None and _moves_only(move) else None
         if dq is None or not _same_params(call, dq, lookup):
             return call
         self.folded += 1

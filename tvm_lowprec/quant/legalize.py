@@ -36,6 +36,14 @@ def _as_scalar(expr):
     return expr
 
 
+def _is_nan(x):
+    """``isnan(x)`` for float32 as integer arithmetic on its bits (exponent all ones, mantissa not
+    zero), in a Select: TVM's vectorizer scalarizes ``tirx.isnan`` and ``if_then_else`` in a vector
+    loop (a DFL softmax's quantize ran 131 scalar divisions: 0.33 -> 0.07 ms on 1x4x4x8000)."""
+    bits = tirx.reinterpret("int32", x) & tirx.const(0x7FFFFFFF, "int32")
+    return bits > tirx.const(0x7F800000, "int32")
+
+
 def legalize_quantize(bb, call, nan_test: bool = True):
     """``nan_test=False`` where the input cannot be NaN (:mod:`~tvm_lowprec.quant.finite_quantize`):
     the test names the input twice, which doubles what an inlined chain computes."""
@@ -51,7 +59,7 @@ def legalize_quantize(bb, call, nan_test: bool = True):
             z = _parameter(zero_point, indices, axis if axis >= 0 else axis + len(indices)).astype("float32")
             x = data[indices]
             q = tirx.max(tirx.min(tirx.round(x / s) + z, hi.astype("float32")), lo.astype("float32"))
-            return (tirx.if_then_else(tirx.isnan(x), z, q) if nan_test else q).astype(out_dtype)
+            return (tirx.Select(_is_nan(x), z, q) if nan_test else q).astype(out_dtype)
 
         return te.compute(data.shape, element, name="quantized")
 

@@ -2,7 +2,8 @@
 
 ``quantize(f(dequantize(x)))`` where ``f`` is any element-wise chain (Sigmoid, SiLU written as
 ``x * Sigmoid(x)``, GELU written with Erf, Tanh, with quantize/dequantize pairs in between) whose only
-non-constant input is the 8-bit tensor ``x`` has at most 256 distinct results: this pass computes them
+non-constant input is the 8-bit tensor ``x`` (the longest such chain: walking back, the chain stops at
+the last 8-bit value from which it is still a function of one tensor) has at most 256 distinct results: this pass computes them
 once at compile time, with TVM's own float operators (no fast-math approximation), and replaces the
 chain with ``take(table, x)``. The output is the same as the float chain's, element for element, for
 every input value (the table *is* the chain, evaluated on all 256 inputs), and the transcendental
@@ -31,6 +32,7 @@ from tvm import relax
 from tvm.ir.prim.expr import FloatImm, IntImm
 
 from ..kernels.lookup import build_lookup
+from .legalize import LEGALIZE
 from .patterns import bindings as function_bindings, dtype_of, static_shape
 
 ELEMENTWISE = frozenset(
@@ -80,11 +82,20 @@ class _ChainBuilder:
 
     def _rebuild_var(self, expr):
         value = self.bindings.get(expr)
-        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ELEMENTWISE:
-            return self.rebuild(value)
         if isinstance(value, relax.Var):
             return self.rebuild(value)
-        return self._leaf(expr)
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ELEMENTWISE):
+            return self._leaf(expr)
+        if static_shape(expr) is None or dtype_of(expr) not in EIGHT_BIT:
+            return self.rebuild(value)
+        # an 8-bit value computed element-wise: the chain goes on through it where it can, else starts
+        # here (a sigmoid after a requantizing concatenation: a table of the code the concatenation wrote)
+        saved = (self.leaf, self.costly, self.ops, dict(self.memo))
+        try:
+            return self.rebuild(value)
+        except _Declined:
+            self.leaf, self.costly, self.ops, self.memo = saved
+            return self._leaf(expr)
 
     def _rebuild_call(self, expr):
         if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ELEMENTWISE):
@@ -145,7 +156,9 @@ def evaluate_tables(chains, params) -> list[np.ndarray]:
             outs = [bb.emit(chain.body) for chain in chains]
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
-    exe = tvm.compile(bb.get(), target=tvm.target.Target({"kind": "llvm"}))
+    # our quantize (NaN -> the zero point, quant/legalize.py), as the kernels the table replaces have
+    tables = relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE)(bb.get())
+    exe = tvm.compile(tables, target=tvm.target.Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(exe, tvm.cpu())
     result = vm["tables"](*(tvm.runtime.tensor(_table_inputs(dt)) for dt in EIGHT_BIT))
     return [result[i].numpy() for i in range(len(chains))]

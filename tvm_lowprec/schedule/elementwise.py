@@ -38,6 +38,7 @@ class ElementwiseRule:
         root, blocks = root_children(sch)
         if not blocks or any(iv.iter_type != 0 for b in blocks for iv in sch.get(b).iter_vars):
             return None  # empty, or a reduction: not ours
+        blocks = _without_trailing_reshapes(sch, blocks)
         kept = _pieces_of_misaligned_concats(sch, blocks)
         leaves = []  # the blocks that write the function's outputs (several for a split), and kept ones
         intermediates = list(sch.get(root).alloc_buffers) if root is not None else []
@@ -56,6 +57,21 @@ class ElementwiseRule:
             if not _nest(sch, block):
                 return None
         return sch
+
+
+def _without_trailing_reshapes(sch, blocks) -> list:
+    """The blocks after the reshapes that end the chain were folded into the block before them
+    (``reverse_compute_inline``: it writes the output's flat positions from its own loop nest), as long
+    as one can be: a nest over the reshaped output would divide every lane's flat position back into
+    the producer's indices (an FPN's nearest upsample into a flat 86400-byte piece: 0.11 ms of scalar
+    gathers)."""
+    while len(blocks) > 1 and sch.get(blocks[-1]).name_hint.startswith("T_reshape"):
+        try:
+            sch.reverse_compute_inline(blocks[-1])
+        except tvm.s_tir.schedule.ScheduleError:
+            break
+        blocks = blocks[:-1]
+    return blocks
 
 
 def _offset_along(index):
