@@ -48,7 +48,6 @@ class _PerUse(relax.PyExprMutator):
     def __init__(self, mod, shared):
         super().__init__(mod)
         self.shared = shared
-        self.copies = 0
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -65,11 +64,12 @@ class _PerUse(relax.PyExprMutator):
         value = self.lookup_binding(arg) if isinstance(arg, relax.Var) and arg.name in self.shared else None
         if not (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.dequantize"))):
             return arg
-        self.copies += 1
         return self.builder_.emit(relax.Call(value.op, value.args, value.attrs, value.ty_args))
 
 
 def dequantize_per_use_module(mod):
-    """Apply the pass to every Relax function of ``mod``."""
+    """Apply the pass to every Relax function of ``mod`` (unchanged where no dequantize is shared)."""
     shared = _shared_dequantizes(mod)
+    if not shared:
+        return mod
     return relax.transform.DeadCodeElimination()(mutate_relax_functions(mod, _PerUse(mod, shared)))

@@ -35,19 +35,6 @@ def _moves_only(call) -> bool:
     return call.op.name != "relax.image.resize2d" or str(call.attrs.method) == "nearest_neighbor"
 
 
-def _constant_derived(expr, lookup, depth: int = 6) -> bool:
-    """``expr`` is a constant, or computed from constants only, within ``depth`` bindings."""
-    if isinstance(expr, relax.Var):
-        expr = lookup(expr)
-    if expr is None or isinstance(expr, relax.Var):  # a function parameter
-        return False
-    if isinstance(expr, relax.Tuple):
-        return all(_constant_derived(f, lookup, depth) for f in expr.fields)
-    if isinstance(expr, relax.Call):
-        return depth > 0 and all(_constant_derived(a, lookup, depth - 1) for a in expr.args)
-    return True  # a constant, a shape, a scalar attribute
-
-
 def _same_params(q, dq, lookup) -> bool:
     values = [constant(e, lookup) for e in (q.args[1], q.args[2], dq.args[1], dq.args[2])]
     if any(v is None or np.asarray(v).size != 1 for v in values):
@@ -61,7 +48,7 @@ class _Folder(relax.PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
         self.folded = 0
-        self._splits = {}  # the float split call -> its integer twin's var
+        self._splits = {}  # the var bound to a float split -> the var of its integer twin
 
     def _split_item(self, call, lookup):
         """``split(x)[i]`` for ``quantize(split(dequantize(x))[i])`` with matching parameters, else None."""
@@ -74,11 +61,10 @@ class _Folder(relax.PyExprMutator):
         dq = call_of(split.args[0], "dequantize", lookup) if split is not None else None
         if dq is None or not _same_params(call, dq, lookup):
             return None
-        key = item.tuple_value
-        twin = next((v for k, v in self._splits.items() if k.same_as(key)), None)
+        twin = self._splits.get(item.tuple_value)
         if twin is None:
             twin = self.builder_.emit(relax.Call(split.op, [dq.args[0], *split.args[1:]], split.attrs))
-            self._splits[key] = twin
+            self._splits[item.tuple_value] = twin
         self.folded += 1
         return self.builder_.emit(relax.TupleGetItem(twin, item.index))
 
@@ -87,14 +73,14 @@ class _Folder(relax.PyExprMutator):
         per-tensor parameters, each piece's quantize folded where it can be (a piece dequantized with
         the same parameters is its codes); None for anything else."""
         cat = call_of(call.args[0], "concat", lookup)
-        if cat is None or any(np.asarray(constant(p, lookup)).size != 1 for p in call.args[1:] if constant(p, lookup) is not None) \
-                or any(constant(p, lookup) is None for p in call.args[1:]):
+        params = [constant(p, lookup) for p in call.args[1:]]
+        if cat is None or any(v is None or np.asarray(v).size != 1 for v in params):
             return None
         fields = cat.args[0]
         if isinstance(fields, relax.Var):
             fields = lookup(fields)
-        if not isinstance(fields, relax.Tuple) or any(_constant_derived(f, lookup) for f in fields.fields):
-            return None  # a head's anchor grid: left to constant folding as it was
+        if not isinstance(fields, relax.Tuple):
+            return None
         if any(len(static_shape(f) or ()) != 4 for f in fields.fields):
             # feature maps only: pieces of a YOLO head's (2, N) anchor grid computed from the image's
             # shape, distributed, made FoldConstant's LLVM build abort ("Do not know how to split")
