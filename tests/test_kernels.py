@@ -194,3 +194,37 @@ def test_vnni_is_chosen_for_large_problems_with_enough_accumulators():
     assert layout.kblock and layout.kp % layout.kblock == 0
     gemv = GemmLayout.choose(QGemmProblem(1, 4096, 4096, "uint8", Epilogue()), spec)
     assert gemv.mr == 1 and gemv.nr >= 8
+
+
+def _parallel_extents(sch, block="gemm_update_o"):
+    return [int(sch.get(loop).extent) for loop in sch.get_loops(sch.get_sblock(block))
+            if sch.get(loop).kind == tvm.tirx.ForKind.PARALLEL]
+
+
+@pytest.mark.parametrize("spec", TARGETS, ids=lambda s: s.name)
+def test_a_narrow_gemm_shares_its_row_tiles_among_threads(spec, rng):
+    """A convolution with few output channels has one to three B panels: its threads take runs of row
+    tiles (row_runs), not panels, and the result is still exact; a wide GEMM keeps its panels parallel."""
+    from tvm_lowprec.schedule.qgemm import MIN_PANEL_TASKS, row_runs
+
+    ep = EPILOGUES["requant-u8"]
+    narrow = QGemmProblem(960, 16, 48, "uint8", ep)
+    layout = GemmLayout.choose(narrow, spec)
+    assert layout.np_ // layout.panel < MIN_PANEL_TASKS
+    sch = schedule_func(build_qgemm(narrow, layout), spec)
+    tiles = layout.mp // layout.mr
+    assert _parallel_extents(sch) == [row_runs(tiles)[0]] and row_runs(tiles)[0] > 1
+    run_case(spec, rng, (960, 16, 48), OPERANDS[1], ep)
+    wide = QGemmProblem(960, 1024, 48, "uint8", ep)
+    wide_layout = GemmLayout.choose(wide, spec)
+    panels = wide_layout.np_ // wide_layout.panel
+    assert _parallel_extents(schedule_func(build_qgemm(wide, wide_layout), spec)) == [panels] and panels >= MIN_PANEL_TASKS
+
+
+def test_row_runs_divide_the_row_tiles():
+    from tvm_lowprec.schedule.qgemm import MAX_RUNS, row_runs
+
+    for tiles in (1, 2, 7, 64, 97, 267, 1067, 1600, 6400):
+        runs, per_run = row_runs(tiles)
+        assert runs * per_run == tiles and 1 <= runs <= MAX_RUNS
+    assert row_runs(1600) == [64, 25] and row_runs(1067) == [11, 97] and row_runs(97) == [1, 97]

@@ -23,6 +23,7 @@ import tvm_lowprec
 from tvm_lowprec.schedule.qgemm import QGemmRule
 from tvm_lowprec.targets import registered_targets, resolve_target
 from tvm_lowprec.tune import TuningError, default_schedule, extract_tasks, open_database, qgemm_space
+from tvm_lowprec.schedule.qgemm import is_narrow, row_runs
 from tvm_lowprec.tune.space import MAX_K_SLICES, MAX_ROWS, space_size
 
 from conftest import runnable
@@ -85,12 +86,23 @@ def test_default_schedule_is_a_point_of_the_space(name, shape):
         qgemm_space(base, k_blocked)
         row_sample = next(i for i in base.trace.insts if i.kind.name == "SamplePerfectTile")
         rows = int(np.prod([int(d) for d in base.trace.decisions[row_sample]]))
+        runs = len(base.trace.decisions[row_sample]) == 3  # a narrow GEMM's runs of row tiles, K whole
+        assert runs == (not k_blocked and is_narrow(func))
         for mr in [d for d in range(1, MAX_ROWS + 1) if rows % d == 0]:
-            trace = base.trace.with_decision(row_sample, [rows // mr, mr], remove_postproc=True)
+            decision = [*row_runs(rows // mr), mr] if runs else [rows // mr, mr]
+            trace = base.trace.with_decision(row_sample, decision, remove_postproc=True)
             replayed = Schedule(func)
             trace.apply_to_schedule(replayed, remove_postproc=True)
         if shape == "batched":  # one draw of each space builds (the others: the test above, unbatched)
             tvm.compile(replayed.mod, target=spec.tvm_target(1))
+
+
+def _perfect_tiles(extent, n, bound):
+    """Every ``n``-factor split of ``extent`` whose innermost factor is at most ``bound``."""
+    if n == 1:
+        return [[extent]]
+    return [[*outer, d] for d in range(1, min(extent, bound) + 1) if extent % d == 0
+            for outer in _perfect_tiles(extent // d, n - 1, extent)]
 
 
 def test_space_size_counts_every_distinct_schedule():
@@ -105,8 +117,8 @@ def test_space_size_counts_every_distinct_schedule():
         qgemm_space(base, k_blocked)
         samples = [i for i in base.trace.insts if i.kind.name == "SamplePerfectTile"]
         extents = [int(np.prod([int(d) for d in base.trace.decisions[i]])) for i in samples]
-        choices = [[[e // d, d] for d in range(1, e + 1) if e % d == 0 and d <= bound]
-                   for e, bound in zip(extents, (MAX_ROWS, MAX_K_SLICES))]
+        parts = [len(base.trace.decisions[i]) for i in samples]  # 3: runs of row tiles, tiles per run, mr
+        choices = [_perfect_tiles(e, n, bound) for e, n, bound in zip(extents, parts, (MAX_ROWS, MAX_K_SLICES))]
         for decisions in itertools.product(*choices):
             trace = base.trace
             for inst, decision in zip(samples, decisions):

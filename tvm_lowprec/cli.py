@@ -55,16 +55,25 @@ def _shorten(text: str, width: int) -> str:
     return text[: width - 1 - tail] + "…" + text[len(text) - tail:]
 
 
+# shortened, in this order, until the table fits (kernel names of fused chains run to 60+ characters,
+# the AVX2 rows' intrinsics to 30: "vpmaddwd_ymm_int16_wideb_8x2"), none below NARROWEST
+SHRINKABLE = ("name", "intrinsic")
+NARROWEST = 12
+
+
 def _kernel_table(rows: list[dict]) -> str:
     """The per-kernel table within :data:`TABLE_WIDTH` columns: intrinsics without their ``lowprec_``
-    prefix, and kernel names (long for fused chains) shortened to the width the other columns leave."""
+    prefix, and the :data:`SHRINKABLE` columns shortened to the width the other columns leave."""
     rows = [{**r, "intrinsic": str(r["intrinsic"]).removeprefix("lowprec_")} for r in rows]
     if not rows:
         return _table(rows)
-    others = [c for c in rows[0] if c != "name"]
-    used = sum(max(len(c), *(len(str(r[c])) for r in rows)) + 2 for c in others)
-    width = max(12, TABLE_WIDTH - used)
-    return _table([{**r, "name": _shorten(str(r["name"]), width)} for r in rows])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in rows[0]}
+    excess = sum(w + 2 for w in widths.values()) - TABLE_WIDTH
+    for column in SHRINKABLE:
+        cut = max(0, min(excess, widths.get(column, 0) - NARROWEST))
+        widths[column] = widths.get(column, 0) - cut
+        excess -= cut
+    return _table([{**r, **{c: _shorten(str(r[c]), widths[c]) for c in SHRINKABLE if c in r}} for r in rows])
 
 
 def _random_inputs(compiled, seed: int) -> dict:

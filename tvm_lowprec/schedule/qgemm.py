@@ -73,13 +73,15 @@ def row_loop(sch, rows: int = 1):
     return sch.get_loops(sch.get_sblock("gemm"))[-3 if rows == 1 else -5]
 
 
-def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1):
+def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1, runs=None):
     """The GEMM loop nest: ``mr`` rows (row groups where ``rows`` > 1) x ``nr`` vectors per tile
     (``mr`` an int or a sampled factor), the lane loop (the group's rows x lanes block) tensorized
     with ``intrin``. ``k_blocks``: None keeps all of K inside a row tile (epilogue fused per row
     tile); else the two factors ``[blocks, slices per block]`` of the ``K / kstep`` slices (or a
     function of the schedule and that loop giving them: a search samples them), a block loop between
-    panel and row tiles (epilogue fused per panel)."""
+    panel and row tiles (epilogue fused per panel). With K whole and a narrow GEMM
+    (:func:`is_narrow`), runs of row tiles are the parallel loop: ``runs`` gives ``[runs, tiles per
+    run]`` (a search's samples; default :func:`row_runs`)."""
     block = sch.get_sblock("gemm")
     loops = sch.get_loops(block)
     batch = loops[0] if batched else None
@@ -102,11 +104,15 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
         _fuse_epilogue(sch, epi, panel)
     else:
         kb, ki = sch.split(k, [None, kstep])
-        # (a narrow GEMM has one to three panels, so few tasks; measured here, making the row tiles
-        # the parallel loop instead ran 2-3x slower at 1 and 2 threads, and fusing panels and row tiles
-        # into one parallel loop costs the accumulator tile its compaction: 0.7 -> 5.5 ms)
-        sch.reorder(panel, mo, kb, mi, g, *inner, ki)
-        sch.parallel(_with_batch(sch, batch, panel))
+        if runs is None and batch is None and _extent(sch, panel) < MIN_PANEL_TASKS:
+            runs = row_runs(_extent(sch, mo))
+        if runs is not None:
+            run, mo = sch.split(mo, runs)
+            sch.reorder(run, panel, mo, kb, mi, g, *inner, ki)
+            sch.parallel(run)
+        else:
+            sch.reorder(panel, mo, kb, mi, g, *inner, ki)
+            sch.parallel(_with_batch(sch, batch, panel))
         sch.decompose_reduction(block, kb)
         _fuse_epilogue(sch, epi, mo)
     sch.tensorize(inner[0], intrin)
@@ -117,6 +123,45 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
         sch.fuse(*sch.get_loops(init)[-2:])
     _vectorize_inner(sch, init, lanes * rows)
     _vectorize_inner(sch, epi, lanes * rows)
+
+
+# A GEMM with fewer B panels than this (every convolution of a small detector: 8 to 64 channels, one
+# to four panels) runs its row tiles in parallel instead: with the panels as the parallel loop it had
+# one to three tasks and ran on one thread (6400x16x48, Zen 3, 1 / 2 threads: 0.18 / 0.18 ms; in runs
+# of row tiles 0.19 / 0.11 ms).
+MIN_PANEL_TASKS = 8
+# Runs of row tiles, not the tiles themselves, are the parallel loop: a parallel loop's body keeps its
+# own allocations (the accumulator tile, the intrinsic's locals), and TVM makes them
+# TVMBackendAllocWorkspace calls per iteration; one per tile cost 2x at one thread (0.38 ms), one per
+# run nothing. At most MAX_RUNS runs, dividing the tiles exactly: a split that does not divide puts a
+# predicate on the GEMM block, which tensorize's comparator refuses.
+MAX_RUNS = 64
+
+
+def is_narrow(func) -> bool:
+    """A qgemm PrimFunc whose row tiles, not its B panels, its threads share (fewer than
+    :data:`MIN_PANEL_TASKS` panels, no batch); with K blocks the panels stay the parallel loop."""
+    _, nr, kblock = (int(x) for x in func.attrs["lowprec.tile"])
+    lanes, _ = (int(x) for x in func.attrs["lowprec.vector"])
+    if kblock or int(func.attrs.get("lowprec.batch", 0)) > 0:
+        return False
+    sch = Schedule(func)
+    loops = sch.get_loops(sch.get_sblock("gemm"))
+    if gemm_rows(func) == 1:  # columns
+        return int(sch.get(loops[-2]).extent) // (nr * lanes) < MIN_PANEL_TASKS
+    return int(sch.get(loops[-4]).extent) // nr < MIN_PANEL_TASKS  # vectors of columns
+
+
+def row_runs(tiles: int) -> list[int]:
+    """``[runs, tiles per run]`` for ``tiles`` row tiles: the most runs up to :data:`MAX_RUNS` that divide
+    them (a prime number of tiles: one run, as one panel has)."""
+    runs = next(d for d in range(min(MAX_RUNS, tiles), 0, -1) if tiles % d == 0)
+    return [runs, tiles // runs]
+
+
+def _extent(sch, loop) -> int:
+    extent = sch.get(loop).extent
+    return int(extent.value) if hasattr(extent, "value") else 1 << 30  # symbolic: many
 
 
 def _with_batch(sch, batch, panel):

@@ -7,6 +7,9 @@ samples, is:
 
 - the row tile ``mr``: a factor of the padded M, at most :data:`MAX_ROWS` (the largest row tile of the
   target's tile tables, plus headroom: register spills are measured, not guessed);
+- for a narrow GEMM with K whole (:func:`~tvm_lowprec.schedule.qgemm.is_narrow`: its threads share
+  runs of row tiles, not B panels), the number of runs, sampled with the row tile as one perfect tile
+  ``[runs, tiles per run, mr]`` of the padded M;
 - the K loop: all of K inside a row tile (the epilogue fused per row tile), or K blocks that keep a
   B panel slice in L1 while every row tile passes over it (the epilogue fused per panel); the two are
   two design spaces, since a trace cannot branch, and the block size is sampled.
@@ -27,7 +30,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from ..schedule.qgemm import QGemmRule, gemm_rows, row_loop, tile_gemm
+from ..schedule.qgemm import QGemmRule, gemm_rows, is_narrow, row_loop, row_runs, tile_gemm
 
 MAX_ROWS = 8  # row-tile bound for the search (the tile tables go up to 6)
 MAX_K_SLICES = 512  # kstep slices per K block
@@ -58,8 +61,8 @@ def schedule_key(func) -> str:
 def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     """Schedule ``sch`` (a qgemm PrimFunc as ``main``) as the default rule does
     (:func:`~tvm_lowprec.schedule.qgemm.tile_gemm`), the row tile sampled and, with ``k_blocked``,
-    the K blocks too. ``decisions``: the samples' values (``[[m / mr, mr], [blocks, slices]]``)
-    instead of random draws."""
+    the K blocks too. ``decisions``: the samples' values (``[[m / mr, mr], [blocks, slices]]``, the
+    first ``[runs, m / mr / runs, mr]`` for a narrow GEMM with K whole) instead of random draws."""
     func = sch.mod["main"]
     _, nr, _ = (int(x) for x in func.attrs["lowprec.tile"])
     intrin = str(func.attrs["lowprec.intrin"])
@@ -68,13 +71,15 @@ def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     rows = gemm_rows(func)
     decisions = list(decisions or [None, None])
     QGemmRule._prepare_inputs(sch)
-    mr = sch.sample_perfect_tile(row_loop(sch, rows), n=2, max_innermost_factor=MAX_ROWS // rows,
-                                 decision=decisions[0])[1]
+    narrow = not k_blocked and is_narrow(func)
+    tiles = sch.sample_perfect_tile(row_loop(sch, rows), n=3 if narrow else 2, max_innermost_factor=MAX_ROWS // rows,
+                                    decision=decisions[0])
+    mr, runs = tiles[-1], (tiles[:2] if narrow else None)
 
     def k_blocks(sch, slices):
         return sch.sample_perfect_tile(slices, n=2, max_innermost_factor=MAX_K_SLICES, decision=decisions[1])
 
-    tile_gemm(sch, mr, nr, k_blocks if k_blocked else None, intrin, lanes, kstep, batched, rows)
+    tile_gemm(sch, mr, nr, k_blocks if k_blocked else None, intrin, lanes, kstep, batched, rows, runs)
 
 
 def _gemm_extents(func) -> tuple[int, int]:
@@ -87,13 +92,20 @@ def _gemm_extents(func) -> tuple[int, int]:
 
 
 def space_size(func) -> int:
-    """Distinct schedules in both design spaces: row tiles x (K whole + each K blocking). Small (tens
+    """Distinct schedules in both design spaces: row tiles x (K whole + each K blocking), K whole counted
+    once per number of runs of row tiles for a narrow GEMM. Small (tens
     to a few hundred): the tuner stops there instead of asking the search for candidates that are
     not left."""
     rows, slices = _gemm_extents(func)
-    row_tiles = sum(rows % d == 0 for d in range(1, MAX_ROWS // gemm_rows(func) + 1))
+    tiles = [d for d in range(1, MAX_ROWS // gemm_rows(func) + 1) if rows % d == 0]
     k_blocks = sum(slices % d == 0 for d in range(1, min(slices, MAX_K_SLICES) + 1))
-    return row_tiles * (1 + k_blocks)
+    # K whole: each row tile, times each number of runs of tiles for a narrow GEMM
+    whole = sum(_divisors(rows // mr) for mr in tiles) if is_narrow(func) else len(tiles)
+    return whole + len(tiles) * k_blocks
+
+
+def _divisors(n: int) -> int:
+    return sum(n % d == 0 for d in range(1, n + 1))
 
 
 def qgemm_spaces(sch) -> list:
@@ -113,7 +125,8 @@ def default_schedule(func):
     rows, slices = _gemm_extents(func)
     if rows % mr or (kblock and slices % (kblock // kstep)):
         return None
-    decisions = [[rows // mr, mr], [slices // (kblock // kstep), kblock // kstep] if kblock else None]
+    first = [*row_runs(rows // mr), mr] if not kblock and is_narrow(func) else [rows // mr, mr]
+    decisions = [first, [slices // (kblock // kstep), kblock // kstep] if kblock else None]
     sch = Schedule(func)
     qgemm_space(sch, k_blocked=kblock > 0, decisions=decisions)
     return sch
