@@ -8,7 +8,9 @@
    kernels (:mod:`~tvm_lowprec.quant.row_ops`), float functions of one 8-bit tensor (Sigmoid,
    SiLU, GELU) as 256-entry tables (:mod:`~tvm_lowprec.quant.lookup_tables`), then the float32 matmuls and
    convolutions left with constant weights as packed FMA kernels (:mod:`~tvm_lowprec.quant.float_gemm`),
-   and, optionally, TVM's FastMathTransform for the float operators left between quantized ones
+   and, optionally, TVM's FastMathTransform for the float operators left between quantized ones; last,
+   the means of 8-bit tensors as integer sums (:mod:`~tvm_lowprec.quant.integer_mean`) and a shared
+   dequantize copied into each reader (:mod:`~tvm_lowprec.quant.dequantize_per_use`)
 2. legalize and fuse: TVM's LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR
 3. schedule: every PrimFunc goes through the schedule rules (:mod:`tvm_lowprec.schedule`)
 4. lower: TVM's CPU dataflow-lowering and finalize passes (memory planning, VM lowering)
@@ -25,6 +27,7 @@ from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.finite_quantize import finite_quantize_module
 from .quant.float_gemm import float_gemm_module
 from .quant.fold_qdq import fold_qdq_module
+from .quant.integer_mean import integer_mean_module
 from .quant.legalize import LEGALIZE
 from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
@@ -82,7 +85,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
-    mod = dequantize_per_use_module(finite_quantize_module(mod))
+    mod = dequantize_per_use_module(integer_mean_module(finite_quantize_module(mod)))
     return tvm.transform.Sequential(
         [
             relax.transform.DeadCodeElimination(),

@@ -6,9 +6,10 @@ add beside the next layer) TVM's operator fusion cannot fuse it into either, and
 float tensor to memory once to read it twice (a text detector's 1x240x240x16: a 4.4 MiB kernel,
 0.15-0.19 ms). Here every use gets its own copy of the call, which fusion then puts inside the
 consumer's kernel: the consumers read the 8-bit codes. Exact (the same operation on the same values).
-Not yet for a ``mean`` (a squeeze-excite's pool): TVM marks a legalized mean "out-elementwise fusable",
-which fusion gives no producer, so the pool's copy stays a kernel of its own; written as ``sum / count``
-it would fuse, but no schedule rule of ours takes a dequantize-and-sum kernel yet (it ran unscheduled).
+A ``mean`` (a squeeze-excite's pool) takes no fused producer in TVM (a legalized mean is "out-elementwise
+fusable"): where the pool runs over H and W of an NHWC tensor, :mod:`~tvm_lowprec.quant.integer_mean`
+has already made it an integer sum of the codes, which fuses; a pool along the innermost axes keeps a
+dequantize kernel of its own.
 
 Runs last among the Relax rewrites, before legalization and fusion.
 """
