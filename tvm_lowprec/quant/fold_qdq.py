@@ -11,7 +11,11 @@ A quantized concatenation of feature maps (4-D) is a concatenation of quantized 
 ``concat([quantize(p) for p in pieces])`` (per-tensor parameters: the same values), so that each piece
 folds on its own: a piece dequantized with the output's parameters is copied as codes, another is a
 requantization of one tensor (a table lookup, :mod:`~tvm_lowprec.quant.lookup_tables`). A resize with
-nearest-neighbour sampling only moves values and folds like the movement operators.
+nearest-neighbour sampling only moves values and folds like the movement operators. A requantization
+of codes that movement operators made from fewer (an upsampling resize on codes) is done before them,
+on the smaller tensor: the same values, since a requantization is elementwise on the codes (it then
+becomes a table lookup of its own, :mod:`~tvm_lowprec.quant.lookup_tables`, which keeps fusion from
+computing it again for every output element).
 Exact: for |x - z| <= 255,
 ``rint(float32(float32((x - z) * s) / s)) == x - z``.
 
@@ -41,6 +45,24 @@ def _same_params(q, dq, lookup) -> bool:
         return False
     qs, qz, ds, dz = (np.asarray(v).reshape(()) for v in values)
     return qs == ds and int(qz) == int(dz) and str(q.attrs.out_dtype) == dtype_of(dq.args[0])
+
+
+def _unalias(expr, lookup):
+    """``expr``, or the var it is bound to through ``y = x`` bindings (a folded operator's result)."""
+    while isinstance(expr, relax.Var) and isinstance(bound := lookup(expr), relax.Var):
+        expr = bound
+    return expr
+
+
+def _per_tensor(q, dq, lookup) -> bool:
+    values = [constant(e, lookup) for e in (q.args[1], q.args[2], dq.args[1], dq.args[2])]
+    return all(v is not None and np.asarray(v).size == 1 for v in values)
+
+
+def _grows(before, after) -> bool:
+    """Whether ``after`` has more elements than ``before`` (static shapes)."""
+    a, b = static_shape(before), static_shape(after)
+    return a is not None and b is not None and int(np.prod(b)) > int(np.prod(a))
 
 
 @relax.expr_functor.mutator
@@ -90,6 +112,24 @@ class _Folder(relax.PyExprMutator):
         self.folded += 1
         return relax.op.concat(pieces, int(cat.attrs.axis))
 
+    def _requantize_before_growth(self, call, dq, lookup):
+        """``moves(quantize(dequantize(x)))`` for ``quantize(dequantize(moves(x)))`` where ``moves`` (a
+        chain of movement operators) makes more elements than it reads (an FPN's nearest x8 resize into a
+        concatenation: 64 times fewer requantizations, and the concatenation a copy of codes); None
+        elsewhere."""
+        chain, source = [], _unalias(dq.args[0], lookup)
+        while (move := first_call(source, MOVEMENT_OPS, lookup)) is not None and _moves_only(move):
+            chain.append(move)
+            source = _unalias(move.args[0], lookup)
+        if not chain or not _grows(source, chain[0]):
+            return None
+        self.folded += 1
+        x = self.builder_.emit(relax.Call(dq.op, [source, *dq.args[1:]], dq.attrs))
+        x = self.builder_.emit(relax.Call(call.op, [x, *call.args[1:]], call.attrs))
+        for move in reversed(chain):
+            x = self.builder_.emit(relax.Call(move.op, [x, *move.args[1:]], move.attrs))
+        return x
+
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if not call.op.same_as(tvm.ir.Op.get("relax.quantize")):
@@ -102,6 +142,10 @@ class _Folder(relax.PyExprMutator):
         if dq is not None and _same_params(call, dq, lookup):
             self.folded += 1
             return dq.args[0]
+        if dq is not None and _per_tensor(call, dq, lookup):
+            moved = self._requantize_before_growth(call, dq, lookup)
+            if moved is not None:
+                return moved
         item = self._split_item(call, lookup)
         if item is not None:
             return item

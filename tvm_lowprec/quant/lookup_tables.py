@@ -126,8 +126,9 @@ def find_chains(func, min_ops: int | None = None) -> tuple[list[_Chain], dict]:
     a :data:`COSTLY` operator, and with ``min_ops`` given, every chain of at least that many ops."""
     bindings = {b.var: b.value for b in function_bindings(func)}
     params = {dt: relax.Var(f"table_{dt}", relax.TensorType((256,), dt)) for dt in EIGHT_BIT}
+    growing = _feeding_growth(bindings)
     chains = []
-    for value in bindings.values():
+    for var, value in bindings.items():
         if not (isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.quantize"))):
             continue
         if dtype_of(value) not in EIGHT_BIT:
@@ -137,10 +138,46 @@ def find_chains(func, min_ops: int | None = None) -> tuple[list[_Chain], dict]:
             body = builder.rebuild(value)
         except _Declined:
             continue
-        wanted = builder.costly or (min_ops is not None and builder.ops >= min_ops)
+        wanted = builder.costly or (min_ops is not None and (builder.ops >= min_ops or var in growing))
         if wanted and builder.leaf is not None:
             chains.append(_Chain(value, builder.leaf, body, builder.ops))
     return chains, params
+
+
+def _feeding_growth(bindings) -> set:
+    """The vars read only by movement operators that, alone or through further movements, make more
+    elements than they read (the requantization :mod:`~tvm_lowprec.quant.fold_qdq` moves before an
+    upsampling): a lookup kernel of their own, whatever their length, or fusion would compute them
+    once per output element."""
+    from .fold_qdq import MOVEMENT_OPS
+
+    moves = {f"relax.{name}" for name in MOVEMENT_OPS}
+    readers: dict = {}
+    for var, value in bindings.items():
+        for arg in getattr(value, "args", ()):
+            if isinstance(arg, relax.Var):
+                readers.setdefault(arg, []).append(var)
+
+    def size(expr):
+        shape = static_shape(expr)
+        return None if shape is None else int(np.prod(shape))
+
+    def feeds(var, start) -> bool:
+        """Every reader of ``var`` a movement, and each of them grows past ``start`` elements itself or
+        through its own readers."""
+        users = readers.get(var, [])
+        if not users:
+            return False
+        for user in users:
+            call = bindings[user]
+            if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in moves):
+                return False
+            grown = size(call) is not None and start is not None and size(call) > start
+            if not grown and not feeds(user, start):
+                return False
+        return True
+
+    return {var for var in bindings if feeds(var, size(var))}
 
 
 def _table_inputs(dtype: str) -> np.ndarray:
@@ -200,6 +237,7 @@ def lookup_tables_module(mod, spec=None):
     """Apply the pass to every Relax function of ``mod``; ``spec``: the target row, whose byte lookup
     (if any) runs the tables."""
     intrin = getattr(spec, "lookup_intrin", None)
+    mod = relax.transform.DeadCodeElimination()(mod)  # readers counted among live bindings only
     replaced = False
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function):
