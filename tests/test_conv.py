@@ -81,3 +81,26 @@ def test_depthwise_fixed_point_requantization_within_one_step(rng):
     want = ReferenceEvaluator(model).run(None, {"x": x})[0].astype(np.int32)
     got = compiled(x)[0].astype(np.int32)
     assert np.abs(got - want).max() <= 1 and (got == want).mean() > 0.95
+
+
+@pytest.mark.parametrize("channels", [3, 8])
+def test_im2col_padding_is_partitioned_and_exact(channels, rng):
+    """The padding copy's rows and columns carry TVM's loop-partition hint (the interior copies without
+    the padding's Select), and the im2col is exact against numpy, asymmetric padding and stride 2."""
+    from tvm_lowprec.kernels.im2col import build_im2col
+    from tvm_lowprec.quant.patterns import ConvGeometry
+    from tvm_lowprec.schedule import schedule_func
+    from tvm_lowprec.targets import resolve_target
+    import tvm
+
+    spec = resolve_target("native")
+    g = ConvGeometry(1, channels, (11, 10), (5, 5), (3, 3), (2, 2), (1, 0, 0, 1), (1, 1))
+    sch = schedule_func(build_im2col(g, "uint8", 7, "im2col"), spec)
+    hinted = [sch.get(loop).annotations.get("pragma_loop_partition_hint") for loop in sch.get_loops(sch.get_sblock("padded"))]
+    assert sum(h is not None for h in hinted) == 2, hinted
+    x = rng.integers(0, 256, (1, 11, 10, channels)).astype(np.uint8)
+    out = tvm.runtime.tensor(np.zeros((1, 5, 5, 3, 3, channels), np.uint8))
+    tvm.compile(sch.mod, target=spec.tvm_target(2)).mod["im2col"](tvm.runtime.tensor(x), out)
+    padded = np.pad(x, ((0, 0), (1, 0), (0, 1), (0, 0)), constant_values=7)
+    want = np.stack([np.stack([padded[:, kh:kh + 9:2, kw:kw + 9:2, :] for kw in range(3)], 3) for kh in range(3)], 3)
+    np.testing.assert_array_equal(out.numpy(), want)

@@ -22,7 +22,9 @@ def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col"):
         def pad(b, i, j, c):
             inside = tirx.all(i >= top, i < top + h_n, j >= left, j < left + w_n)
             value = x[b, tirx.max(tirx.min(i - top, h_n - 1), 0), tirx.max(tirx.min(j - left, w_n - 1), 0), c]
-            return tirx.if_then_else(inside, value, tirx.const(pad_value, dtype))
+            # Select, not if_then_else: loop partitioning (schedule/qgemm.Im2colRule) folds it away
+            # inside, leaving a plain copy of the interior rows
+            return tirx.Select(inside, value, tirx.const(pad_value, dtype))
 
         source = te.compute((g.batch, h_n + top + bottom, w_n + left + right, g.channels), pad, name="padded")
 
