@@ -39,11 +39,19 @@ def _moves_only(call) -> bool:
     return call.op.name != "relax.image.resize2d" or str(call.attrs.method) == "nearest_neighbor"
 
 
-def _same_params(q, dq, lookup) -> bool:
+def _scalar_params(q, dq, lookup):
+    """The four per-tensor constants (q's scale and zero point, then dq's) as 0-d arrays, or None."""
     values = [constant(e, lookup) for e in (q.args[1], q.args[2], dq.args[1], dq.args[2])]
     if any(v is None or np.asarray(v).size != 1 for v in values):
+        return None
+    return [np.asarray(v).reshape(()) for v in values]
+
+
+def _same_params(q, dq, lookup) -> bool:
+    values = _scalar_params(q, dq, lookup)
+    if values is None:
         return False
-    qs, qz, ds, dz = (np.asarray(v).reshape(()) for v in values)
+    qs, qz, ds, dz = values
     return qs == ds and int(qz) == int(dz) and str(q.attrs.out_dtype) == dtype_of(dq.args[0])
 
 
@@ -54,12 +62,7 @@ def _unalias(expr, lookup):
     return expr
 
 
-def _per_tensor(q, dq, lookup) -> bool:
-    values = [constant(e, lookup) for e in (q.args[1], q.args[2], dq.args[1], dq.args[2])]
-    return all(v is not None and np.asarray(v).size == 1 for v in values)
-
-
-def _grows(before, after) -> bool:
+def grows(before, after) -> bool:
     """Whether ``after`` has more elements than ``before`` (static shapes)."""
     a, b = static_shape(before), static_shape(after)
     return a is not None and b is not None and int(np.prod(b)) > int(np.prod(a))
@@ -121,7 +124,7 @@ class _Folder(relax.PyExprMutator):
         while (move := first_call(source, MOVEMENT_OPS, lookup)) is not None and _moves_only(move):
             chain.append(move)
             source = _unalias(move.args[0], lookup)
-        if not chain or not _grows(source, chain[0]):
+        if not chain or not grows(source, chain[0]):
             return None
         self.folded += 1
         x = self.builder_.emit(relax.Call(dq.op, [source, *dq.args[1:]], dq.attrs))
@@ -142,7 +145,7 @@ class _Folder(relax.PyExprMutator):
         if dq is not None and _same_params(call, dq, lookup):
             self.folded += 1
             return dq.args[0]
-        if dq is not None and _per_tensor(call, dq, lookup):
+        if dq is not None and _scalar_params(call, dq, lookup) is not None:
             moved = self._requantize_before_growth(call, dq, lookup)
             if moved is not None:
                 return moved

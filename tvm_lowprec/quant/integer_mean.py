@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .patterns import constant, dtype_of, mutate_relax_functions, static_shape
+from .patterns import call_of, constant, dtype_of, mutate_relax_functions, static_shape
 
 _EXACT = 1 << 24  # |sum - n * zp| <= n * 255 below this: exact in int32 and as a float32
 
@@ -36,9 +36,8 @@ class _IntegerMean(relax.PyExprMutator):
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.mean"):
             return call
-        source = call.args[0]
-        value = self.lookup_binding(source) if isinstance(source, relax.Var) else None
-        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.dequantize"):
+        value = call_of(call.args[0], "dequantize", self.lookup_binding)
+        if value is None:
             return call
         codes = value.args[0]
         scale, zero_point = (constant(a, self.lookup_binding) for a in value.args[1:3])

@@ -149,7 +149,7 @@ def _feeding_growth(bindings) -> set:
     elements than they read (the requantization :mod:`~tvm_lowprec.quant.fold_qdq` moves before an
     upsampling): a lookup kernel of their own, whatever their length, or fusion would compute them
     once per output element."""
-    from .fold_qdq import MOVEMENT_OPS
+    from .fold_qdq import MOVEMENT_OPS, grows
 
     moves = {f"relax.{name}" for name in MOVEMENT_OPS}
     readers: dict = {}
@@ -158,13 +158,9 @@ def _feeding_growth(bindings) -> set:
             if isinstance(arg, relax.Var):
                 readers.setdefault(arg, []).append(var)
 
-    def size(expr):
-        shape = static_shape(expr)
-        return None if shape is None else int(np.prod(shape))
-
     def feeds(var, start) -> bool:
-        """Every reader of ``var`` a movement, and each of them grows past ``start`` elements itself or
-        through its own readers."""
+        """Every reader of ``var`` a movement, and each of them makes more elements than ``start`` has,
+        itself or through its own readers."""
         users = readers.get(var, [])
         if not users:
             return False
@@ -172,12 +168,11 @@ def _feeding_growth(bindings) -> set:
             call = bindings[user]
             if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in moves):
                 return False
-            grown = size(call) is not None and start is not None and size(call) > start
-            if not grown and not feeds(user, start):
+            if not grows(start, call) and not feeds(user, start):
                 return False
         return True
 
-    return {var for var in bindings if feeds(var, size(var))}
+    return {var for var in bindings if feeds(var, var)}
 
 
 def _table_inputs(dtype: str) -> np.ndarray:

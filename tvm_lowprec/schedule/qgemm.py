@@ -104,7 +104,7 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
         _fuse_epilogue(sch, epi, panel)
     else:
         kb, ki = sch.split(k, [None, kstep])
-        if runs is None and batch is None and _extent(sch, panel) < MIN_PANEL_TASKS:
+        if runs is None and is_narrow(sch.mod["main"]):
             runs = row_runs(_extent(sch, mo))
         if runs is not None:
             run, mo = sch.split(mo, runs)
@@ -145,11 +145,8 @@ def is_narrow(func) -> bool:
     lanes, _ = (int(x) for x in func.attrs["lowprec.vector"])
     if kblock or int(func.attrs.get("lowprec.batch", 0)) > 0:
         return False
-    sch = Schedule(func)
-    loops = sch.get_loops(sch.get_sblock("gemm"))
-    if gemm_rows(func) == 1:  # columns
-        return int(sch.get(loops[-2]).extent) // (nr * lanes) < MIN_PANEL_TASKS
-    return int(sch.get(loops[-4]).extent) // nr < MIN_PANEL_TASKS  # vectors of columns
+    n = int(func.attrs["lowprec.shape"][1])
+    return -(-n // (lanes * nr)) < MIN_PANEL_TASKS  # B panels of lanes * nr columns
 
 
 def row_runs(tiles: int) -> list[int]:
