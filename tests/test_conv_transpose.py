@@ -134,3 +134,48 @@ def test_fixed_point_requantization_within_one_step(rng):
     exact = tvm_lowprec.compile(mod, target="native")(x)[0]
     fixed = tvm_lowprec.compile(mod, target="native", requant_mode="fixed_point")(x)[0]
     assert_within_one_step(fixed, exact, output_scale(qdq), exact_fraction=0.99)
+
+
+def _col2im_func(compiled):
+    (name,) = [k.name for k in compiled.kernels() if k.op == "col2im"]
+    return compiled._lowered[name]
+
+
+def _compiled_col2im(name):
+    cfg = {"per_channel": True, **CASES[name]}
+    rng = np.random.default_rng(1)
+    qdq = quantize_qdq(conv_transpose_model(**cfg), [rng.standard_normal(X_SHAPE).astype(np.float32) for _ in range(4)])
+    return _col2im_func(tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native"))
+
+
+@pytest.mark.parametrize("name", ["k2-s2", "k3-s2-p1-op1"])
+def test_col2im_requantizes_in_float32_where_the_weights_make_it_exact(name):
+    """These weights and 8-bit activations bound every output's sum far below 2**24: the col2im
+    requantizes with one float32 FMA (exact: the tests above), not in float64."""
+    script = _compiled_col2im(name).script()
+    assert "llvm.fma" in script and "float64" not in script
+
+
+def test_col2im_float32_bound_declines_large_sums():
+    from tvm_lowprec.kernels.col2im import col2im_float32_exact
+
+    class G:  # a 2x2 stride-2 upsampler of 3 channels, and a 3x3 stride-2 one
+        out_channels, kernel, strides, dilation = 3, (2, 2), (2, 2), (1, 1)
+
+    class G3(G):
+        kernel = (3, 3)
+
+    columns = np.full(12, 2.0**15 / 255)  # a tap's sum_k |w - zw|: 255 * it = 2**15 per tap
+    mult = np.full(3, 1e-3, np.float32)
+    assert col2im_float32_exact(G, columns, 255.0, 0, mult)  # one tap: 2**15
+    columns = np.full(27, 2.0**24 / 255 / 8)  # nine taps of 2**21 each: their sum passes 2**24
+    assert not col2im_float32_exact(G3, columns, 255.0, 0, mult)
+    assert col2im_float32_exact(G3, columns[:3].repeat(9) / 2, 255.0, 0, mult)  # 9 * 2**20 < 2**24
+
+
+def test_an_upsampler_row_is_vectorized_in_runs_of_its_taps_and_channels():
+    """k2-s2, 12 channels: each output row is 2 * 12-element runs, each read from one GEMM row, with
+    the parameters repeated per tap (24 entries)."""
+    script = _compiled_col2im("k2-s2").script()
+    assert f'bias: T.Buffer(({2 * C_OUT},), "int32")' in script, script
+    assert "T.vectorized(" in script

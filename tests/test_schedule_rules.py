@@ -132,6 +132,51 @@ def test_aligned_concatenation_pieces_are_inlined(rng):
     _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
 
 
+def _flat_add_func():
+    """A GEMM's [600, 8] output reshaped to NHWC and added to an NHWC tensor (a residual add, here in
+    integers: float chains are contracted into FMAs by LLVM alike in every schedule, so an unscheduled
+    scalar build is no exact reference for them): the reshape moves no element."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((600, 8), "uint8"))
+    y = relax.Var("y", relax.TensorType((1, 20, 30, 8), "uint8"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            a = relax.op.astype(relax.op.reshape(x, (1, 20, 30, 8)), "int32")
+            total = relax.op.add(relax.op.subtract(a, relax.const(7, "int32")), relax.op.astype(y, "int32"))
+            out = bb.emit_output(relax.op.astype(relax.op.clip(total, 0, 255), "uint8"))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+    (func,) = [f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func
+
+
+def test_an_elementwise_chain_in_flat_order_is_one_flat_vector_loop(rng):
+    """8 channels innermost, reads in the output's own row-major order: one loop of 64-element vectors
+    (not 8-lane vectors per pixel), exact."""
+    from tvm_lowprec.schedule.elementwise import _FLAT
+
+    func = _flat_add_func()
+    sch = ElementwiseRule().apply(func, SPEC)
+    loops = [sch.get(l) for l in sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[0])]
+    assert [int(l.extent) for l in loops] == [600 * 8 // _FLAT, _FLAT]
+    assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED
+    inputs = [rng.integers(0, 256, (600, 8)).astype(np.uint8), rng.integers(0, 256, (1, 20, 30, 8)).astype(np.uint8)]
+    _check_scheduled(func, ElementwiseRule(), inputs)
+
+
+def test_a_per_channel_broadcast_keeps_the_nest(rng):
+    """A read of per-channel parameters is not in the output's flat order: the nest stays (its
+    innermost axis the channels)."""
+    shape = (1, 20, 30, 8)
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, lambda bb, x: relax.op.multiply(
+        x, relax.const(np.arange(8, dtype=np.float32)))))
+    sch = ElementwiseRule().apply(func, SPEC)
+    loops = sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[0])
+    assert int(sch.get(loops[-1]).extent) == 8
+    _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
+
+
 # -- GEMM panels ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("table_nr, groups, want", [(2, 3, 1), (2, 4, 2), (4, 3, 3), (4, 6, 3), (4, 96, 4), (3, 5, 3),
                                                     (8, 1, 1)])

@@ -19,24 +19,48 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from .qgemm import Epilogue, requantize
+from .qgemm import Epilogue, float32_requant_exact, requant_f32, requantize
 
 
-def build_col2im(geometry, epilogue: Epilogue, name: str = "col2im"):
+def is_upsample(geometry) -> bool:
+    """Strides equal to the kernel, no dilation: each output pixel is reached by one tap at most."""
+    g = geometry
+    return tuple(g.strides) == tuple(g.kernel) and tuple(g.dilation) == (1, 1)
+
+
+def param_length(geometry) -> int:
+    """Entries of each per-channel parameter: ``C``, or ``KW*C`` for an upsampler, whose parameters are
+    repeated once per column tap so that an output row's run ``(ow % KW, c)`` reads them contiguously."""
+    return geometry.out_channels * (geometry.kernel[1] if is_upsample(geometry) else 1)
+
+
+def col2im_float32_exact(geometry, weight_columns, a_reach: float, bias, mult) -> bool:
+    """Whether :func:`~tvm_lowprec.kernels.qgemm.requant_f32` is exact for every output: the bound
+    of :func:`~tvm_lowprec.kernels.qgemm.float32_requant_exact` over an output's taps (``weight_columns``:
+    the GEMM's ``sum_k |w - zw|`` per column ``(kh, kw, c)``): the largest tap of an upsampler (one tap
+    per pixel), the sum of the taps otherwise."""
+    taps = np.asarray(weight_columns, np.float64).reshape(-1, geometry.out_channels)
+    reach = taps.max(axis=0) if is_upsample(geometry) else taps.sum(axis=0)
+    return float32_requant_exact(reach, a_reach, bias, mult)
+
+
+def build_col2im(geometry, epilogue: Epilogue, name: str = "col2im", float32: bool = False):
     """Arguments: ``cols`` int32 ``[B*H*W, KH*KW*C]`` (rows ``(b, ih, iw)``, columns ``(kh, kw, c)``: the GEMM's
-    output, no reshape), ``bias`` int32 ``[C]``, the requantization
-    parameters of :func:`col2im_params`, and the output ``[B, OH, OW, C]`` in ``epilogue.out_dtype``."""
+    output, no reshape), ``bias`` int32, the requantization parameters of :func:`col2im_params` (each
+    :func:`param_length` long), and the output ``[B, OH, OW, C]`` in ``epilogue.out_dtype``. ``float32``:
+    requantize in float32 (:func:`~tvm_lowprec.kernels.qgemm.requant_f32`; the caller checked
+    :func:`col2im_float32_exact`)."""
     g, ep = geometry, epilogue
     (h_n, w_n), (oh_n, ow_n), (kh_n, kw_n) = g.in_hw, g.out_hw, g.kernel
     (sh, sw), (dh, dw) = g.strides, g.dilation
     top, left = g.padding[0], g.padding[1]
-    c_n = g.out_channels
+    c_n, p_n = g.out_channels, param_length(g)
     cols = te.placeholder((g.rows, g.columns), "int32", name="cols")  # the GEMM's output as it is
-    bias = te.placeholder((c_n,), "int32", name="bias")
+    bias = te.placeholder((p_n,), "int32", name="bias")
     if ep.mode == "fixed_point":
-        params = [te.placeholder((c_n,), "int32", name="mult"), te.placeholder((c_n,), "int32", name="shift")]
+        params = [te.placeholder((p_n,), "int32", name="mult"), te.placeholder((p_n,), "int32", name="shift")]
     else:
-        params = [te.placeholder((c_n,), "float32", name="mult")]
+        params = [te.placeholder((p_n,), "float32", name="mult")]
     kh, kw = te.reduce_axis((0, kh_n), "kh"), te.reduce_axis((0, kw_n), "kw")
 
     def tap(b, oh, ow, c):
@@ -54,21 +78,27 @@ def build_col2im(geometry, epilogue: Epilogue, name: str = "col2im"):
         value = cols[row, (tirx.floormod(y, sh) * kw_n + tirx.floormod(x, sw)) * c_n + c]
         return tirx.if_then_else(tirx.all(ih < h_n, iw < w_n), value, tirx.const(0, "int32"))  # output_padding
 
-    upsample = (sh, sw) == (kh_n, kw_n) and (dh, dw) == (1, 1)
+    upsample = is_upsample(g)
     total = te.compute((g.batch, oh_n, ow_n, c_n), one_tap if upsample else tap, name="col2im")
 
     def out(b, oh, ow, c):
-        acc = total[b, oh, ow, c] + bias[c]
-        return requantize(acc, ep, *(p[c] for p in params))
+        j = tirx.floormod(ow + left, sw) * c_n + c if upsample else c  # the parameters' entry
+        acc = total[b, oh, ow, c] + bias[j]
+        if float32 and ep.mode == "float":
+            return requant_f32(acc, ep, params[0][j])
+        return requantize(acc, ep, *(p[j] for p in params))
 
     y = te.compute((g.batch, oh_n, ow_n, c_n), out, name="epilogue")
     func = te.create_prim_func([cols, bias, *params, y])
-    return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "col2im", "op_pattern": 8})
+    attrs = {"lowprec.op": "col2im", "op_pattern": 8, "lowprec.upsample": int(upsample), "lowprec.kernel": [kh_n, kw_n]}
+    return func.with_attr("global_symbol", name).with_attrs(attrs)
 
 
-def col2im_params(bias_int, mult, epilogue: Epilogue, channels: int) -> list[np.ndarray]:
+def col2im_params(bias_int, mult, epilogue: Epilogue, geometry) -> list[np.ndarray]:
     """The constant arguments after ``cols``: the int32 bias (zeros without one) and the multipliers
-    (``[mult]``, or ``[m0, shift]`` in fixed-point mode), one per output channel."""
+    (``[mult]``, or ``[m0, shift]`` in fixed-point mode), one per output channel, repeated to
+    :func:`param_length`."""
+    channels = geometry.out_channels
     from ..quant.requant import fixed_point_multiplier
 
     bias = np.zeros(channels, np.int64) if bias_int is None else np.broadcast_to(np.asarray(bias_int, np.int64), (channels,))
@@ -76,4 +106,5 @@ def col2im_params(bias_int, mult, epilogue: Epilogue, channels: int) -> list[np.
         raise ValueError("transposed convolution bias overflows int32")
     mult = np.broadcast_to(np.asarray(mult, np.float32), (channels,))
     scales = list(fixed_point_multiplier(mult)) if epilogue.mode == "fixed_point" else [np.ascontiguousarray(mult)]
-    return [bias.astype(np.int32)] + scales
+    repeat = param_length(geometry) // channels
+    return [np.tile(v, repeat) for v in [bias.astype(np.int32)] + scales]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
-from ..kernels.col2im import build_col2im, col2im_params
+from ..kernels.col2im import build_col2im, col2im_float32_exact, col2im_params
 from ..kernels.qgemm import Epilogue
 from .patterns import (
     ConstWeight,
@@ -103,6 +103,20 @@ def match_requantized_conv_transpose(call, lookup, mode: str) -> ConvTransposeMa
     )
 
 
+def _float32_exact(match: ConvTransposeMatch) -> bool:
+    """A float requantization that float32 computes exactly for these weights and this activation's
+    range (:func:`~tvm_lowprec.kernels.col2im.col2im_float32_exact`)."""
+    ep = match.epilogue
+    if ep.kind != "requant" or ep.mode != "float":
+        return False
+    info = np.iinfo(dtype_of(match.x))
+    za = match.x_zero_point
+    w = match.weight.values.astype(np.int64) - np.asarray(match.weight.zero_point, np.int64).reshape(1, -1)
+    bias = 0 if match.bias_int is None else match.bias_int
+    return col2im_float32_exact(match.geometry, np.abs(w).sum(axis=0), max(za - int(info.min), int(info.max) - za),
+                                bias, match.mult)
+
+
 def emit_conv_transpose(builder, match: ConvTransposeMatch, spec) -> relax.Expr | None:
     from .qdq_to_integer import QGemmMatch, emit_qgemm
 
@@ -117,8 +131,9 @@ def emit_conv_transpose(builder, match: ConvTransposeMatch, spec) -> relax.Expr 
     a_dtype = dtype_of(match.x)
     name = (f"col2im_{a_dtype[0]}8_{g.out_channels}x{g.out_hw[0]}x{g.out_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}"
             f"_s{g.strides[0]}_{match.epilogue.kind}")
-    gvar = builder.add_func(build_col2im(g, match.epilogue, name), name)
-    params = col2im_params(match.bias_int, match.mult, match.epilogue, g.out_channels)
+    float32 = spec.float32_requant and _float32_exact(match)
+    gvar = builder.add_func(build_col2im(g, match.epilogue, name, float32=float32), name)
+    params = col2im_params(match.bias_int, match.mult, match.epilogue, g)
     out_type = relax.TensorType((g.batch, *g.out_hw, g.out_channels), match.epilogue.out_dtype)
     y = builder.emit(relax.call_tir(gvar, [cols] + [relax.const(p) for p in params], out_type))
     return builder.emit(relax.op.permute_dims(y, NHWC_TO_NCHW))

@@ -18,6 +18,29 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 
 
+_MIN_RUN = 8  # a shorter run of an upsampler's row is left to LLVM's loop vectorizer
+
+
+def _upsample_runs(sch, ow, c, kw: int, lanes: int) -> None:
+    """An upsampler's output row, ``(ow, c)``, as runs of ``kw * C`` elements: run ``ow // kw`` reads one
+    GEMM row's ``(ow % kw, c)`` columns, contiguous, and the parameters are repeated to that length
+    (:func:`~tvm_lowprec.kernels.col2im.param_length`), so each run is one vector loop. Runs shorter
+    than :data:`_MIN_RUN` (one channel, a segmentation map) are unrolled and the row left to LLVM's
+    loop vectorizer."""
+    width = int(sch.get(ow).extent)
+    if width % kw:
+        return
+    _, tap = sch.split(ow, [None, kw])
+    run = sch.fuse(tap, c)
+    length = int(sch.get(run).extent)
+    if length < _MIN_RUN:
+        sch.unroll(run)
+    elif length % lanes == 0 and length > lanes:
+        sch.vectorize(sch.split(run, [None, lanes])[1])
+    else:
+        sch.vectorize(run)
+
+
 class Col2imRule:
     def apply(self, func, spec):
         if func.attrs is None or func.attrs.get("lowprec.op", None) != "col2im":
@@ -30,9 +53,7 @@ class Col2imRule:
         channels = int(sch.get(c).extent)
         if all(iv.iter_type == 0 for iv in sch.get(gather).iter_vars):  # one tap per pixel
             sch.compute_inline(gather)
-            if channels % lanes == 0:
-                _, inner = sch.split(c, [None, lanes])
-                sch.vectorize(inner)
+            _upsample_runs(sch, ow, c, int(func.attrs["lowprec.kernel"][1]), lanes)
             return sch
         sch.compute_at(gather, ow)
         own = sch.get_loops(gather)[2:]  # (c, kh, kw) under (b*oh, ow); a loop of extent 1 is dropped

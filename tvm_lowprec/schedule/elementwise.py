@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import tvm
 from tvm.s_tir import Schedule
+from tvm.sym.analyzer import Analyzer
 
 from .blocks import root_children, subexpressions
 
@@ -28,6 +29,7 @@ _VECTOR = 16
 _LANES = (16, 8)  # vector widths tried for the innermost axis, widest first
 _MAX_UNROLL = 32  # a short innermost axis that no width divides is unrolled (its indices fold)
 _MIN_PARALLEL = 1 << 14  # below this many elements a thread fork costs more than it saves
+_FLAT = 64  # elements per vector of a flat nest: a zmm of bytes (LLVM splits it where that is wider)
 
 
 class ElementwiseRule:
@@ -196,6 +198,45 @@ def _vectorize_layout_change(sch, block) -> bool:
     return True
 
 
+def _flat_index(region, analyzer):
+    """The row-major position of a buffer region's first element (its shape's strides)."""
+    position = tvm.tirx.IntImm("int64", 0)
+    for extent, rng in zip(region.source.shape, region.region):
+        position = position * extent + rng.min
+    return analyzer.simplify(position)
+
+
+def _reads_in_flat_order(stmt) -> bool:
+    """Every buffer the block reads (scalars aside) is read at the position it writes, counted in
+    row-major order: the reshapes of a chain (a [57600, 8] GEMM output added to a [1, 240, 240, 8] tensor)
+    do not move any element, so the nest is one flat loop."""
+    if not stmt.iter_vars or len(stmt.writes) != 1:
+        return False
+    analyzer = Analyzer()
+    for iv in stmt.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    out = _flat_index(stmt.writes[0], analyzer)
+    reads = [r for r in stmt.reads if r.region and any(int(getattr(e, "value", 2)) != 1 for e in r.source.shape)]
+    return bool(reads) and all(analyzer.can_prove_equal(_flat_index(r, analyzer), out) for r in reads)
+
+
+def _flat_nest(sch, block, extents) -> bool:
+    """A block whose innermost axis is shorter than :data:`_FLAT` and whose reads are all in its own
+    flat order, as one loop: vectors of :data:`_FLAT` elements whatever the channel count (an 8-channel
+    dequantize-add-quantize of 1x240x240x8: 0.04-0.08 ms as a nest of 8-lane vectors, 0.021 ms flat on a
+    Zen 5), the vectors' loop parallel. False: nothing done."""
+    total = 1
+    for e in extents:
+        total *= e
+    if extents[-1] >= _FLAT or total % _FLAT or len(extents) < 2 or not _reads_in_flat_order(sch.get(block)):
+        return False
+    outer, vec = sch.split(sch.fuse(*sch.get_loops(block)), [None, _FLAT])
+    sch.vectorize(vec)
+    if total >= _MIN_PARALLEL:
+        sch.parallel(outer)
+    return True
+
+
 def _nest(sch, block) -> bool:
     """One block's outer axes fused and parallel (when large enough), its innermost axis vectorized
     (or unrolled when short and no vector width divides it); False for a block without loops or with a
@@ -210,6 +251,8 @@ def _nest(sch, block) -> bool:
     for e in extents:
         total *= e
     if total == 1:
+        return True
+    if _flat_nest(sch, block, extents):
         return True
     loops = loops[:max(i for i, e in enumerate(extents) if e > 1) + 1]  # trailing axes of extent 1 aside
     inner = loops[-1]
