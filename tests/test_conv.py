@@ -98,6 +98,10 @@ def test_im2col_padding_is_partitioned_and_exact(channels, rng):
     sch = schedule_func(build_im2col(g, "uint8", 7, "im2col"), spec)
     hinted = [sch.get(loop).annotations.get("pragma_loop_partition_hint") for loop in sch.get_loops(sch.get_sblock("padded"))]
     assert sum(h is not None for h in hinted) == 2, hinted
+    inner = sch.get(sch.get_loops(sch.get_sblock("im2col"))[-1])  # a tap row's (kw, c) run: one vector copy
+    lanes = spec.gemm.vector_bits // 8
+    if channels % lanes and channels not in (lanes // 2, lanes // 4):  # channels that fill no vector alone
+        assert int(inner.extent) == 3 * channels and inner.kind == tvm.tirx.ForKind.VECTORIZED, inner
     x = rng.integers(0, 256, (1, 11, 10, channels)).astype(np.uint8)
     out = tvm.runtime.tensor(np.zeros((1, 5, 5, 3, 3, channels), np.uint8))
     tvm.compile(sch.mod, target=spec.tvm_target(2)).mod["im2col"](tvm.runtime.tensor(x), out)

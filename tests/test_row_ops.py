@@ -46,6 +46,8 @@ CASES = {
     "softmax-odd-row-length": (qdq_softmax, dict(shape=(3, 37))),
     "softmax-int8-in-int8-out": (qdq_softmax, dict(shape=(2, 9, 24), in_dtype="int8", zero_point=-5, out_dtype="int8")),
     "softmax-sharp": (qdq_softmax, dict(shape=(4, 64), scale=0.9)),  # nearly all mass on one entry per row
+    "softmax-axis1": (qdq_softmax, dict(shape=(4, 8, 16), axis=1)),  # along an outer axis: vectors along the last
+    "softmax-dfl-bins": (qdq_softmax, dict(shape=(1, 16, 4, 200), axis=1, scale=0.3)),  # a DFL head's 16 bins
     "layernorm-encoder-rows": (qdq_layer_norm, dict(shape=(1, 16, 768))),
     "layernorm-odd-row-length": (qdq_layer_norm, dict(shape=(5, 33), zero_point=3, scale=0.2)),
     "layernorm-int8": (qdq_layer_norm, dict(shape=(2, 4, 96), in_dtype="int8", zero_point=-7, out_dtype="int8",
@@ -71,11 +73,30 @@ def test_row_operator_is_one_8bit_kernel_within_one_step_of_onnx(name, rng):
     assert len(np.unique(got)) > 5
 
 
-@pytest.mark.parametrize("model", [qdq_softmax((4, 8, 16), axis=1), qdq_layer_norm((4, 8, 16), axis=1)],
-                         ids=["softmax", "layernorm"])
-def test_a_reduction_over_other_axes_stays_float(model):
-    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+def test_a_layer_norm_over_other_axes_stays_float():
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq_layer_norm((4, 8, 16), axis=1)), target="native")
     assert not {"qsoftmax", "qlayernorm"} & {k.op for k in compiled.kernels()}
+
+
+def test_a_softmax_of_a_transposed_dequantize_transposes_the_codes(rng):
+    """DequantizeLinear -> Transpose -> Softmax(axis=1) -> QuantizeLinear (a YOLO DFL head: the bins
+    moved to axis 1): the 8-bit codes are transposed, then one 8-bit softmax along axis 1; no float
+    tensor is made."""
+    model = qdq_softmax((1, 4, 16, 50), axis=1, scale=0.3)
+    graph = model.graph
+    dq = graph.node[0]
+    dq.output[0] = "xf0"
+    graph.node.insert(1, helper.make_node("Transpose", ["xf0"], ["xf"], perm=[0, 2, 1, 3]))
+    graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.UINT8, (1, 16, 4, 50)))
+    graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.UINT8, (1, 4, 16, 50)))
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    ops = [k.op for k in compiled.kernels()]
+    assert "qsoftmax" in ops and not [k.name for k in compiled.kernels() if "dequantize" in k.name or "softmax" in k.name
+                                      and k.op != "qsoftmax"], ops
+    x = rng.integers(0, 256, (1, 16, 4, 50)).astype(np.uint8)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    diff = np.abs(compiled(x)[0].astype(np.int32) - want.astype(np.int32))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.99, (diff.max(), (diff == 0).mean())
 
 
 def test_an_ort_quantized_encoder_runs_its_row_operators_on_8_bits(rng):

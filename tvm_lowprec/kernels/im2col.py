@@ -33,4 +33,5 @@ def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col"):
 
     cols = te.compute((g.batch, oh_n, ow_n, kh_n, kw_n, g.channels), element, name="im2col")
     func = te.create_prim_func([x, cols])
-    return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "im2col", "op_pattern": 8})
+    return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "im2col", "op_pattern": 8,
+                                                             "lowprec.dilation_w": dw})

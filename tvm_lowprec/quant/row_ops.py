@@ -5,8 +5,10 @@ axes=[-1]))`` with 8-bit ``x``: the graph as written dequantizes to float32, red
 reading four bytes per element where one carries the information (and, for layer norm, the residual
 add before it writes float32 for it). :mod:`~tvm_lowprec.kernels.qsoftmax` and
 :mod:`~tvm_lowprec.kernels.qlayernorm` read the 8-bit tensor instead. Matched only with per-tensor
-constant parameters (constant ``gamma``/``beta`` for layer norm), the reduction over the last axis and
-static shapes; anything else stays as it is.
+constant parameters (constant ``gamma``/``beta`` for layer norm), static shapes, and the reduction over
+the last axis, or for softmax over any one axis (a YOLO DFL head's bins, axis 1); a ``permute_dims``
+between the dequantize and the softmax (the head's bins moved to axis 1) moves the 8-bit codes instead.
+Anything else stays as it is.
 
 Runs after :mod:`~tvm_lowprec.quant.fold_qdq` (which leaves the ``dequantize`` beside the operator)
 and before :mod:`~tvm_lowprec.quant.lookup_tables`.
@@ -36,11 +38,11 @@ def _last_axis(axes, rank: int) -> bool:
 
 
 def _softmax(builder, core, dq, p_in, out, name_shape):
-    """(PrimFunc name stem, PrimFunc, constant arguments) for a softmax, or None."""
-    if not _last_axis(core.attrs.axis, len(name_shape)):
-        return None
-    func = build_qsoftmax(name_shape, dtype_of(dq.args[0]), out.dtype, out.scale, out.zero_point, *out.range)
-    return "qsoftmax", func, [exp_table(_scalar(p_in.scale))]
+    """(PrimFunc name stem, PrimFunc, constant arguments) for a softmax along any axis, or None."""
+    axis = int(core.attrs.axis) % len(name_shape)
+    func = build_qsoftmax(name_shape, dtype_of(dq.args[0]), out.dtype, out.scale, out.zero_point, *out.range,
+                          axis=axis)
+    return "qsoftmax" if axis == len(name_shape) - 1 else f"qsoftmax_axis{axis}", func, [exp_table(_scalar(p_in.scale))]
 
 
 def _float_constant(expr, lookup) -> np.ndarray | None:
@@ -100,7 +102,11 @@ class _Rewriter(relax.PyExprMutator):
                 break
         else:
             return None
-        dq = call_of(core.args[0], "dequantize", self.lookup_binding)
+        source, permute = core.args[0], None
+        if op_name == "nn.softmax":  # a transposed dequantize (a DFL head's bins moved to axis 1): the
+            permute = call_of(source, "permute_dims", self.lookup_binding)  # codes are transposed instead
+            source = permute.args[0] if permute is not None else source
+        dq = call_of(source, "dequantize", self.lookup_binding)
         shape = static_shape(core)
         if dq is None or shape is None or dtype_of(dq.args[0]) not in EIGHT_BIT:
             return None
@@ -114,8 +120,10 @@ class _Rewriter(relax.PyExprMutator):
         name = f"{stem}_{dtype_of(dq.args[0])[0]}8_{'x'.join(map(str, shape))}"
         gvar = self.builder_.add_func(func.with_attr("global_symbol", name), name)
         self.rewritten += 1
-        return relax.call_tir(gvar, [dq.args[0]] + [relax.const(c) for c in consts],
-                              relax.TensorType(shape, dtype_of(call)))
+        codes = dq.args[0]
+        if permute is not None:
+            codes = self.builder_.emit(relax.op.permute_dims(codes, permute.attrs.axes))
+        return relax.call_tir(gvar, [codes] + [relax.const(c) for c in consts], relax.TensorType(shape, dtype_of(call)))
 
 
 def row_ops_module(mod):

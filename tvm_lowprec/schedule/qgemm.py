@@ -233,4 +233,11 @@ class Im2colRule:
                 _vectorize_inner(sch, block, lanes)
             elif padding:  # a few channels (the 3-channel stem): one copy per pixel, unrolled
                 sch.unroll(loops[-1])
+            elif _taps_contiguous(func):  # a tap row's (kw, c) run is one vector copy
+                sch.vectorize(sch.fuse(loops[-2], loops[-1]))
         return sch
+
+
+def _taps_contiguous(func) -> bool:
+    """Whether an im2col's ``(kw, c)`` run is contiguous in its source (no dilation along W)."""
+    return int(func.attrs.get("lowprec.dilation_w", 1)) == 1

@@ -4,7 +4,9 @@
       <the row's reductions and per-row values>   # computed at the row: the row stays in cache
       y[row, :] = ...                             # vectorized
 
-:func:`~tvm_lowprec.kernels.qsoftmax.build_qsoftmax`: row maximum, the row of exponentials, their sum.
+:func:`~tvm_lowprec.kernels.qsoftmax.build_qsoftmax`: row maximum, the row of exponentials, their sum
+(along an axis that is not the last, the DFL head's bins: the strided rule's nest,
+:func:`~tvm_lowprec.schedule.strided.schedule_strided`, vectors along the innermost axis).
 :func:`~tvm_lowprec.kernels.qlayernorm.build_qlayernorm`: integer sums of the row and of its squares,
 then the row's mean and normalizing factor.
 """
@@ -44,4 +46,8 @@ class RowOpRule:
         op = func.attrs.get("lowprec.op", None) if func.attrs is not None else None
         if op not in self.PRODUCERS:
             return None
+        axis = func.attrs.get("lowprec.axis", None)
+        if axis is not None and int(axis) != len(func.params[0].shape) - 1:  # along an outer axis: vectors
+            from .strided import schedule_strided  # along the innermost one, which the reductions carry
+            return schedule_strided(func)
         return _schedule_rows(func, self.PRODUCERS[str(op)])

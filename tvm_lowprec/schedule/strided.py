@@ -57,57 +57,63 @@ class StridedReductionRule:
     def apply(self, func, spec):
         if func.attrs is not None and func.attrs.get("lowprec.op", None) is not None:
             return None
-        sch = Schedule(func)
-        root, blocks = root_children(sch)
-        if not blocks:
+        return schedule_strided(func)
+
+
+def schedule_strided(func):
+    """The loop nest above for ``func`` (also the 8-bit softmax along an axis that is not the last,
+    :mod:`~tvm_lowprec.schedule.rows`), or None where it does not apply."""
+    sch = Schedule(func)
+    root, blocks = root_children(sch)
+    if not blocks:
+        return None
+    out = blocks[-1]
+    stmt = sch.get(out)
+    if any(iv.iter_type != 0 for iv in stmt.iter_vars):  # the reduction writes the output itself
+        return _reduction_last(sch, blocks)
+    if len(blocks) < 2:
+        return None
+    loops = sch.get_loops(out)
+    rank = len(stmt.iter_vars)
+    if len(loops) != rank or not _static(sch, loops):
+        return None
+    reducers = [b for b in blocks[:-1] if any(iv.iter_type == 2 for iv in sch.get(b).iter_vars)]
+    if not reducers:
+        return None
+    reduced = set()
+    for block in reducers:
+        axes = _reduced_axes(sch.get(block), rank)
+        if axes is None:
             return None
-        out = blocks[-1]
-        stmt = sch.get(out)
-        if any(iv.iter_type != 0 for iv in stmt.iter_vars):  # the reduction writes the output itself
-            return _reduction_last(sch, blocks)
-        if len(blocks) < 2:
+        reduced |= axes
+    inner = int(sch.get(loops[-1]).extent.value)
+    lanes = next((v for v in _VECTORS if inner % v == 0), None)
+    if lanes is None:
+        return None
+    # Step 1. the output: other axes, the vector axis's outer part (parallel), reduced axes, vector
+    others = [l for i, l in enumerate(loops[:-1]) if i not in reduced]
+    across = [l for i, l in enumerate(loops[:-1]) if i in reduced]
+    vec_outer, vec = sch.split(loops[-1], [None, lanes])
+    sch.reorder(*others, vec_outer, *across, vec)
+    outer = sch.fuse(*others, vec_outer) if others else vec_outer
+    # Step 2. element-wise producers with one reader inlined (a softmax's subtraction and division);
+    # every other producer computed for that vector, its own vector axis innermost
+    blocks = _inline_single_use(sch, blocks)
+    try:
+        for block in reversed(blocks[:-1]):
+            sch.compute_at(block, outer)
+    except tvm.s_tir.schedule.ScheduleError:
+        return None
+    for block in blocks[:-1]:
+        if not _vectorize_along_written_last_axis(sch, block, outer, lanes):
             return None
-        loops = sch.get_loops(out)
-        rank = len(stmt.iter_vars)
-        if len(loops) != rank or not _static(sch, loops):
-            return None
-        reducers = [b for b in blocks[:-1] if any(iv.iter_type == 2 for iv in sch.get(b).iter_vars)]
-        if not reducers:
-            return None
-        reduced = set()
-        for block in reducers:
-            axes = _reduced_axes(sch.get(block), rank)
-            if axes is None:
-                return None
-            reduced |= axes
-        inner = int(sch.get(loops[-1]).extent.value)
-        lanes = next((v for v in _VECTORS if inner % v == 0), None)
-        if lanes is None:
-            return None
-        # Step 1. the output: other axes, the vector axis's outer part (parallel), reduced axes, vector
-        others = [l for i, l in enumerate(loops[:-1]) if i not in reduced]
-        across = [l for i, l in enumerate(loops[:-1]) if i in reduced]
-        vec_outer, vec = sch.split(loops[-1], [None, lanes])
-        sch.reorder(*others, vec_outer, *across, vec)
-        outer = sch.fuse(*others, vec_outer) if others else vec_outer
-        # Step 2. element-wise producers with one reader inlined (a softmax's subtraction and division);
-        # every other producer computed for that vector, its own vector axis innermost
-        blocks = _inline_single_use(sch, blocks)
-        try:
-            for block in reversed(blocks[:-1]):
-                sch.compute_at(block, outer)
-        except tvm.s_tir.schedule.ScheduleError:
-            return None
-        for block in blocks[:-1]:
-            if not _vectorize_along_written_last_axis(sch, block, outer, lanes):
-                return None
-        sch.vectorize(vec)
-        total = int(sch.get(outer).extent.value) * lanes
-        for l in across:
-            total *= int(sch.get(l).extent.value)
-        if total >= _MIN_PARALLEL and int(sch.get(outer).extent.value) > 1:
-            sch.parallel(outer)
-        return sch
+    sch.vectorize(vec)
+    total = int(sch.get(outer).extent.value) * lanes
+    for l in across:
+        total *= int(sch.get(l).extent.value)
+    if total >= _MIN_PARALLEL and int(sch.get(outer).extent.value) > 1:
+        sch.parallel(outer)
+    return sch
 
 
 def _reduction_last(sch, blocks):
