@@ -185,6 +185,33 @@ def test_the_panel_width_pads_n_least(table_nr, groups, want):
     assert _column_groups(table_nr, groups) == want
 
 
+def _cpu_recipes():
+    from tvm_lowprec.targets import registered_targets
+
+    for name, spec in sorted(registered_targets("cpu").items()):
+        for recipe in spec.recipes():
+            for tile in recipe.tiles:
+                if tile.nr > 1:
+                    yield pytest.param(recipe, tile, id=f"{name}-{recipe.intrin.name}-{tile.mr}x{tile.nr}")
+
+
+@pytest.mark.parametrize("recipe, tile", list(_cpu_recipes()))
+def test_a_narrow_gemm_keeps_the_tiles_accumulators_in_taller_tiles(recipe, tile):
+    """N of one vector with K deep: the tile's mr x nr accumulators as (mr * nr) x 1, M allowing; with
+    K one instruction step deep, the tile's own mr (no latency to hide)."""
+    from tvm_lowprec.kernels.qgemm import _CHAIN_STEPS, tile_layout
+
+    gi = recipe.intrin
+    operand = gi.operand("uint8")
+    m = 4096
+    deep = tile_layout(gi, operand, tile, m, gi.lanes, _CHAIN_STEPS * gi.kstep * 4)
+    assert deep.nr == 1 and deep.mr * deep.nr >= tile.mr * tile.nr and deep.mr % gi.rows == 0, deep
+    shallow = tile_layout(gi, operand, tile, m, gi.lanes, gi.kstep)
+    assert shallow.nr == 1 and shallow.mr == -(-tile.mr // gi.rows) * gi.rows, shallow
+    few_rows = tile_layout(gi, operand, tile, 3, gi.lanes, _CHAIN_STEPS * gi.kstep * 4)
+    assert few_rows.mr <= -(-3 // gi.rows) * gi.rows
+
+
 # -- the NaN test of quantize --------------------------------------------------------------------
 def _qdq_add_model():
     """x -> Q -> DQ -> + c -> Q -> DQ: the first quantize reads a graph input (NaN possible), the
