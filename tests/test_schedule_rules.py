@@ -165,24 +165,17 @@ def test_an_elementwise_chain_in_flat_order_is_one_flat_vector_loop(rng):
     _check_scheduled(func, ElementwiseRule(), inputs)
 
 
-def test_a_per_channel_broadcast_keeps_the_nest(rng):
-    """A read of per-channel parameters is not in the output's flat order: the nest stays (its
-    innermost axis the channels)."""
-    shape = (1, 20, 30, 8)
+@pytest.mark.parametrize("channels", [8, 24])
+def test_a_per_channel_broadcast_keeps_the_nest(channels, rng):
+    """A read of per-channel parameters is not in the output's flat order: the nest stays, a pixel's
+    channels one vector (24: not a loop of three 8-lane vectors)."""
+    shape = (1, 20, 30, channels)
     (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, lambda bb, x: relax.op.multiply(
-        x, relax.const(np.arange(8, dtype=np.float32)))))
+        x, relax.const(np.arange(channels, dtype=np.float32)))))
     sch = ElementwiseRule().apply(func, SPEC)
-    loops = sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[0])
-    assert int(sch.get(loops[-1]).extent) == 8
+    loops = [sch.get(l) for l in sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[0])]
+    assert int(loops[-1].extent) == channels and loops[-1].kind == tvm.tirx.ForKind.VECTORIZED, loops
     _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
-
-
-# -- GEMM panels ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("table_nr, groups, want", [(2, 3, 1), (2, 4, 2), (4, 3, 3), (4, 6, 3), (4, 96, 4), (3, 5, 3),
-                                                    (8, 1, 1)])
-def test_the_panel_width_pads_n_least(table_nr, groups, want):
-    """N = 24 on ymm is 3 vectors: nr = 2 would pad it to 4 (a third wasted), nr = 1 pads nothing."""
-    assert _column_groups(table_nr, groups) == want
 
 
 def _cpu_recipes():

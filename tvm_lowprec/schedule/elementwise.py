@@ -271,7 +271,11 @@ def _nest(sch, block) -> bool:
     if sch.get(block).iter_vars and _partition_pieces(sch, block):
         return True
     if lanes is not None:
-        vec = sch.split(inner, [None, lanes])[1] if extent > lanes else inner
+        # a pixel's channels as one vector (24: a zmm and a ymm, not 3 ymm in a loop), but not a
+        # concatenation's select of pieces (each lane would evaluate every piece)
+        stmt = sch.get(block)
+        whole = extent <= _FLAT and stmt.iter_vars and not _piece_cuts(stmt, stmt.iter_vars[-1].var, extent)
+        vec = sch.split(inner, [None, lanes])[1] if extent > lanes and not whole else inner
         sch.vectorize(vec)
     elif extent <= _MAX_UNROLL:
         sch.unroll(inner)
