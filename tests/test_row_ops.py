@@ -121,3 +121,18 @@ def test_an_ort_quantized_encoder_runs_its_row_operators_on_8_bits(rng):
     for _ in range(2):
         x = rng.standard_normal(shape).astype(np.float32)
         assert_within_one_step(compiled(x)[0], session.run(None, {"x": x})[0], output_scale(qdq))
+
+
+def test_the_table_lookup_of_a_softmax_along_an_outer_axis_is_left_to_llvm():
+    """The exponential table's gather is not a TVM vector loop (TVM's vectorizer scalarizes a gather;
+    LLVM's loop vectorizer can emit one); the other blocks are vectors along the innermost axis."""
+    from tvm_lowprec.kernels.qsoftmax import build_qsoftmax
+    from tvm_lowprec.schedule.rows import RowOpRule
+    from tvm_lowprec.targets import resolve_target
+    import tvm
+
+    sch = RowOpRule().apply(build_qsoftmax((1, 4, 4, 64), "uint8", "uint8", 1 / 256, 0, 0, 255, axis=1),
+                            resolve_target("native"))
+    kinds = {name: [sch.get(l).kind for l in sch.get_loops(sch.get_sblock(name))] for name in ("exp", "row_max", "out")}
+    assert tvm.tirx.ForKind.VECTORIZED not in kinds["exp"], kinds
+    assert all(kinds[name][-1] == tvm.tirx.ForKind.VECTORIZED for name in ("row_max", "out")), kinds
