@@ -55,11 +55,46 @@ def test_aligned_input_goes_in_without_a_copy(compiled, a):
 
 @pytest.mark.parametrize("offset", [16, 1])
 def test_misaligned_input_is_copied_to_aligned_memory(compiled, a, offset):
-    # TVM's kernels assume 64-byte aligned arguments (aligned vector moves): such an input is copied once
+    # TVM's kernels assume 64-byte aligned arguments (aligned vector moves): an input read by a kernel
+    # that keeps that assumption (here the tensorized GEMM, whose intrinsic's match_buffer asks for it)
+    # is copied once
+    assert not compiled._any_alignment
     x = _placed(a, offset)
     (tensor,) = compiled._arguments((x,), {})
     assert tensor.data_ptr() != _address(x) and tensor.data_ptr() % 64 == 0
     np.testing.assert_array_equal(compiled(x)[0], _tvm_copy_result(compiled, a))
+
+
+@pytest.fixture(scope="module")
+def float_input_model():
+    """A QDQ MatMul with a float input: its first kernel is the input's quantize, which takes it at any
+    alignment (tvm_lowprec.unaligned_inputs)."""
+    from models import fp32_linear, quantize_qdq
+
+    rng = np.random.default_rng(3)
+    fp32 = fp32_linear((M, K), N)
+    qdq = quantize_qdq(fp32, [rng.standard_normal((M, K)).astype(np.float32) for _ in range(4)])
+    return tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
+
+
+@pytest.mark.parametrize("offset", [16, 4])
+def test_a_misaligned_float_input_goes_in_without_a_copy(float_input_model, rng, offset):
+    compiled = float_input_model
+    assert compiled._any_alignment == {0}
+    readers = [f for g, f in compiled._lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)
+               and int(f.params[0].data_alignment) == 4]
+    assert readers, "the input's kernel keeps 64-byte alignment"
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    placed = _placed(x, offset)
+    (tensor,) = compiled._arguments((placed,), {})
+    assert tensor.data_ptr() == _address(placed)  # numpy's own memory, though not 64-byte aligned
+    np.testing.assert_array_equal(compiled(placed)[0], compiled(_placed(x, 0))[0])
+
+
+def test_an_input_not_aligned_to_its_element_is_still_copied(float_input_model, rng):
+    x = _placed(rng.standard_normal((M, K)).astype(np.float32), 2)
+    (tensor,) = float_input_model._arguments((x,), {})
+    assert tensor.data_ptr() != _address(x) and tensor.data_ptr() % 64 == 0
 
 
 @pytest.mark.parametrize("layout", ["strided", "fortran", "read-only"])

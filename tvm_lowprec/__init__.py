@@ -26,6 +26,7 @@ from .ptq import QuantConfig, accuracy_report, quantize
 from .tune import tune
 from .kernels import Epilogue, QGemmProblem
 from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
+from .unaligned_inputs import unaligned_inputs
 from .quant.weight_only import WeightOnlyConfig
 
 __version__ = "0.1.0"
@@ -182,14 +183,15 @@ def compile(  # noqa: A001
         runnable = executable if execution_mode(spec) == "cuda" else None
         return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, runnable=runnable,
                         cuda=build_model(executable, spec))
+    lowered, any_alignment = unaligned_inputs(lowered)
     executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
     mode = execution_mode(spec)
     if emulate is True or (emulate == "auto" and mode == "emulated"):
         runnable, report = emulated_executable(lowered, executable, tvm_target)
         return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,
-                        runnable=runnable, emulation=report)
+                        runnable=runnable, emulation=report, any_alignment=any_alignment)
     return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,
-                    runnable=executable if mode == "native" else None)
+                    runnable=executable if mode == "native" else None, any_alignment=any_alignment)
 
 
 __all__ = [

@@ -187,10 +187,13 @@ class Compiled:
     """
 
     def __init__(self, executable, lowered_mod, spec, inputs: Sequence[InputSpec], num_threads: int | None = None,
-                 runnable=_SAME, emulation=None, cuda=None, narrow_outputs=()):
+                 runnable=_SAME, emulation=None, cuda=None, narrow_outputs=(), any_alignment=frozenset()):
         """``runnable``: the executable that runs (default ``executable``; the emulated one; or None
         where this host can run neither); ``emulation``: its :class:`~tvm_lowprec.emulation.EmulationReport`;
-        ``cuda``: a GPU row's device code compiled by nvcc (:class:`~tvm_lowprec.cuda.model.CudaBuild`)."""
+        ``cuda``: a GPU row's device code compiled by nvcc (:class:`~tvm_lowprec.cuda.model.CudaBuild`);
+        ``any_alignment``: positions of the inputs whose kernels take them at any alignment
+        (:func:`~tvm_lowprec.unaligned_inputs.unaligned_inputs`), passed without a copy however numpy
+        aligned them."""
         self.executable = executable  # the real build: inspect_source shows its code
         self.spec = spec
         self.inputs = tuple(inputs)
@@ -206,6 +209,7 @@ class Compiled:
         self._main = self._vm["main"] if self._vm is not None else None
         self._host = self._device.dlpack_device_type() == tvm_ffi.DLDeviceType.kDLCPU
         self._views = _output_views(lowered_mod) if self._host and lowered_mod is not None else ()
+        self._any_alignment = frozenset(any_alignment)
 
     @property
     def execution(self) -> str:
@@ -257,9 +261,10 @@ class Compiled:
             args = tuple(kwargs[i.name] for i in self.inputs)
         if len(args) != len(self.inputs):
             raise InputError(f"the model takes {len(self.inputs)} input(s) {[i.name for i in self.inputs]}, got {len(args)}")
-        return [self._check(spec, np.asarray(a), device) for spec, a in zip(self.inputs, args)]
+        return [self._check(spec, np.asarray(a), device, i in self._any_alignment)
+                for i, (spec, a) in enumerate(zip(self.inputs, args))]
 
-    def _check(self, spec: InputSpec, value: np.ndarray, device=None):
+    def _check(self, spec: InputSpec, value: np.ndarray, device=None, any_alignment: bool = False):
         """``value`` checked against ``spec`` (cached dtype and shape: no strings built unless it fails)
         as a tensor on ``device`` (default: the model's); on this host's CPU without a copy where
         :func:`_host_tensor` can."""
@@ -269,14 +274,15 @@ class Compiled:
         if problem is not None:
             raise InputError(problem)
         if device is None and self._host:
-            return _host_tensor(value)
+            return _host_tensor(value, any_alignment)
         return tvm.runtime.tensor(np.require(value, requirements="C"), device or self._device)  # keeps 0-d arrays 0-d
 
     def __call__(self, *args, out=None, **kwargs) -> list[np.ndarray]:
         """Run the model: the outputs as a list of numpy arrays.
 
-        On the CPU, inputs go in without a copy where their memory allows (C-contiguous, 64-byte
-        aligned, writeable, a dtype DLPack carries; :func:`_host_tensor`), else with one copy; the outputs
+        On the CPU, inputs go in without a copy where their memory allows (C-contiguous, writeable, a
+        dtype DLPack carries, and 64-byte aligned unless the kernels reading the input take it at any
+        alignment, :mod:`~tvm_lowprec.unaligned_inputs`; :func:`_host_tensor`), else with one copy; the outputs
         come back as numpy arrays over the memory the VM allocated for them in this call (it stays alive
         while an array refers to it; the next call gets new memory). ``out=[arrays]`` (one per output,
         of its shape and dtype) receives the outputs instead, by one copy each, and is returned: the
@@ -435,7 +441,7 @@ def _from_carrier(out: np.ndarray, narrow: str | None) -> np.ndarray:
     return out.astype(getattr(ml_dtypes, narrow))
 
 
-def _host_tensor(value: np.ndarray):
+def _host_tensor(value: np.ndarray, any_alignment: bool = False):
     """``value`` as a CPU tensor: its own memory through DLPack where TVM's kernels can take it (C-
     contiguous, data 64-byte aligned, writeable: numpy refuses to export a read-only array by the
     DLPack version tvm_ffi asks for), else a 64-byte aligned copy (one memcpy), or TVM's own copy for
@@ -444,11 +450,13 @@ def _host_tensor(value: np.ndarray):
     64 bytes because the generated code assumes it: TVM marks every argument buffer
     ``storage_alignment`` 64, LLVM then emits aligned vector moves (``vmovaps``/``vmovdqa64``), and a
     vectorized kernel handed numpy's usual 16-byte aligned data dies with SIGSEGV (seen here with
-    TVM 0.27; ``tvm.runtime.from_dlpack`` requires 64 for the same reason)."""
+    TVM 0.27; ``tvm.runtime.from_dlpack`` requires 64 for the same reason). ``any_alignment``: the
+    model's kernels take this input at any alignment (:mod:`~tvm_lowprec.unaligned_inputs`): no copy
+    for alignment."""
     try:
         if value.flags.c_contiguous and value.flags.writeable:
             tensor = tvm_ffi.from_dlpack(value)
-            if not tensor.data_ptr() & 63:
+            if not tensor.data_ptr() & 63 or any_alignment and not tensor.data_ptr() % max(value.itemsize, 1):
                 return tensor
         buffer = np.empty(value.nbytes + 63, np.uint8)
         copy = np.ndarray(value.shape, value.dtype, buffer, -tvm_ffi.from_dlpack(buffer).data_ptr() & 63)
