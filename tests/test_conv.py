@@ -108,3 +108,23 @@ def test_im2col_padding_is_partitioned_and_exact(channels, rng):
     padded = np.pad(x, ((0, 0), (1, 0), (0, 1), (0, 0)), constant_values=7)
     want = np.stack([np.stack([padded[:, kh:kh + 9:2, kw:kw + 9:2, :] for kw in range(3)], 3) for kh in range(3)], 3)
     np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_a_three_channel_stem_gets_a_fourth_channel_instead_of_a_padded_copy_of_a(rng):
+    """3x3 over 3 channels is K = 27, not whole instruction steps: where a fourth channel (the zero
+    point, its weights the weights' zero point) makes K whole, the im2col writes it and the GEMM reads
+    its A as it is (no A_prepared copy); exact against onnx.reference either way."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = qlinear_conv(x_shape=(1, 3, 16, 16), c_out=8, kernel=(3, 3), pads=(1, 1, 1, 1))
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    (gemm,) = [k for k in compiled.kernels() if k.op == "qgemm"]
+    func = compiled._lowered[gemm.name]
+    kstep = int(func.attrs["lowprec.vector"][1])
+    k = int(gemm.name.split("_")[2].split("x")[2])
+    want_k = 36 if 27 % kstep and 36 % kstep == 0 else 27
+    assert k == want_k, (gemm.name, kstep)
+    if k == 36:
+        assert "A_prepared" not in func.script()
+    x = rng.integers(0, 256, (1, 3, 16, 16)).astype(np.uint8)
+    np.testing.assert_array_equal(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])

@@ -4,6 +4,11 @@ zero. Each (oh, ow, kh, kw) copies one contiguous run of C channels.
 
 Two blocks: the input is first copied into a padded buffer (filled with the zero point), so the
 gather that follows has no bounds test per element; written 6-D, no index needs a division.
+
+``channels``: the channels written per tap, more than the input has where the GEMM's depth would
+otherwise need padding to whole instruction steps (a 3-channel stem, K = 27 padded to 28 by a copy of
+every row of A inside the GEMM: 4 channels make K = 36, whole steps, and the copy goes); the extra
+channels hold the zero point, and the weights' rows for them the weights' zero point, so they add 0.
 """
 
 from __future__ import annotations
@@ -11,27 +16,29 @@ from __future__ import annotations
 from tvm import te, tirx
 
 
-def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col"):
+def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col", channels: int | None = None):
     g = geometry
     (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = g.out_hw, g.kernel, g.strides, g.dilation
     top, left, bottom, right = g.padding
     h_n, w_n = g.in_hw
+    c_out = g.channels if channels is None else channels
     x = te.placeholder((g.batch, h_n, w_n, g.channels), dtype, name="x")
     source = x
-    if any(g.padding):
+    if any(g.padding) or c_out != g.channels:
         def pad(b, i, j, c):
-            inside = tirx.all(i >= top, i < top + h_n, j >= left, j < left + w_n)
-            value = x[b, tirx.max(tirx.min(i - top, h_n - 1), 0), tirx.max(tirx.min(j - left, w_n - 1), 0), c]
+            inside = tirx.all(i >= top, i < top + h_n, j >= left, j < left + w_n, c < g.channels)
+            value = x[b, tirx.max(tirx.min(i - top, h_n - 1), 0), tirx.max(tirx.min(j - left, w_n - 1), 0),
+                      tirx.min(c, g.channels - 1)]
             # Select, not if_then_else: loop partitioning (schedule/qgemm.Im2colRule) folds it away
             # inside, leaving a plain copy of the interior rows
             return tirx.Select(inside, value, tirx.const(pad_value, dtype))
 
-        source = te.compute((g.batch, h_n + top + bottom, w_n + left + right, g.channels), pad, name="padded")
+        source = te.compute((g.batch, h_n + top + bottom, w_n + left + right, c_out), pad, name="padded")
 
     def element(b, oh, ow, kh, kw, c):
         return source[b, oh * sh + kh * dh, ow * sw + kw * dw, c]
 
-    cols = te.compute((g.batch, oh_n, ow_n, kh_n, kw_n, g.channels), element, name="im2col")
+    cols = te.compute((g.batch, oh_n, ow_n, kh_n, kw_n, c_out), element, name="im2col")
     func = te.create_prim_func([x, cols])
     return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "im2col", "op_pattern": 8,
                                                              "lowprec.dilation_w": dw})
