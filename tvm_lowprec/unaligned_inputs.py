@@ -124,8 +124,6 @@ def unaligned_inputs(mod) -> tuple[tvm.IRModule, frozenset]:
             for gvar, new in done:
                 funcs[gvar] = new.with_attrs(dict(mod[gvar].attrs)) if mod[gvar].attrs is not None else new
             free.add(position)
-    if funcs:
-        mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
-        for gvar, func in funcs.items():
-            mod[gvar] = func
+    for gvar, func in funcs.items():  # in place: ``mod`` is the lowered module that compile() builds
+        mod[gvar] = func
     return mod, frozenset(free)

@@ -90,7 +90,7 @@ def build_col2im(geometry, epilogue: Epilogue, name: str = "col2im", float32: bo
 
     y = te.compute((g.batch, oh_n, ow_n, c_n), out, name="epilogue")
     func = te.create_prim_func([cols, bias, *params, y])
-    attrs = {"lowprec.op": "col2im", "op_pattern": 8, "lowprec.upsample": int(upsample), "lowprec.kernel": [kh_n, kw_n]}
+    attrs = {"lowprec.op": "col2im", "op_pattern": 8, "lowprec.kernel": [kh_n, kw_n]}
     return func.with_attr("global_symbol", name).with_attrs(attrs)
 
 

@@ -106,15 +106,10 @@ def match_requantized_conv_transpose(call, lookup, mode: str) -> ConvTransposeMa
 def _float32_exact(match: ConvTransposeMatch) -> bool:
     """A float requantization that float32 computes exactly for these weights and this activation's
     range (:func:`~tvm_lowprec.kernels.col2im.col2im_float32_exact`)."""
-    ep = match.epilogue
-    if ep.kind != "requant" or ep.mode != "float":
-        return False
-    info = np.iinfo(dtype_of(match.x))
-    za = match.x_zero_point
-    w = match.weight.values.astype(np.int64) - np.asarray(match.weight.zero_point, np.int64).reshape(1, -1)
-    bias = 0 if match.bias_int is None else match.bias_int
-    return col2im_float32_exact(match.geometry, np.abs(w).sum(axis=0), max(za - int(info.min), int(info.max) - za),
-                                bias, match.mult)
+    from .qdq_to_integer import float32_bound_terms
+
+    terms = float32_bound_terms(match)
+    return terms is not None and col2im_float32_exact(match.geometry, *terms, match.mult)
 
 
 def emit_conv_transpose(builder, match: ConvTransposeMatch, spec) -> relax.Expr | None:

@@ -466,17 +466,25 @@ def emit_depthwise(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr |
     return builder.emit(relax.op.permute_dims(y, NHWC_TO_NCHW))
 
 
-def _float32_exact(match: QGemmMatch) -> bool:
-    """A float requantization that float32 computes exactly for these weights (see
-    :func:`~tvm_lowprec.kernels.qgemm.float32_requant_exact`)."""
+def float32_bound_terms(match) -> tuple | None:
+    """``(sum_k |w - zw| per column, the largest |a - za|, bias)`` for a ``"float"`` requantization
+    (:func:`~tvm_lowprec.kernels.qgemm.float32_requant_exact`'s inputs but the multiplier), None for any
+    other epilogue. ``match``: a :class:`QGemmMatch` or a transposed convolution's match (same fields)."""
     ep = match.epilogue
     if ep.kind != "requant" or ep.mode != "float":
-        return False
+        return None
     info = np.iinfo(dtype_of(match.x))
     za = int(np.asarray(match.x_zero_point).reshape(-1)[0])
     w = match.weight.values.astype(np.int64) - np.asarray(match.weight.zero_point, np.int64).reshape(1, -1)
     bias = 0 if match.bias_int is None else match.bias_int
-    return float32_requant_exact(np.abs(w).sum(axis=0), max(za - int(info.min), int(info.max) - za), bias, match.mult)
+    return np.abs(w).sum(axis=0), max(za - int(info.min), int(info.max) - za), bias
+
+
+def _float32_exact(match: QGemmMatch) -> bool:
+    """A float requantization that float32 computes exactly for these weights (see
+    :func:`~tvm_lowprec.kernels.qgemm.float32_requant_exact`)."""
+    terms = float32_bound_terms(match)
+    return terms is not None and float32_requant_exact(*terms, match.mult)
 
 
 def _correction_overflow(match: QGemmMatch) -> CorrectionOverflow | None:
@@ -506,10 +514,11 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
     row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
     runtime_za = match.x_zero_point_expr is not None
 
+    requant_f32 = spec.float32_requant and not runtime_za and _float32_exact(match)  # the extra channels add 0
+
     def problem_for(m_rows, depth):
         return QGemmProblem(m_rows, n, depth, dtype_of(match.x), match.epilogue, row_term=row_term,
-                            runtime_a_zero_point=runtime_za,
-                            requant_f32=spec.float32_requant and not runtime_za and _float32_exact(match))
+                            runtime_a_zero_point=runtime_za, requant_f32=requant_f32)
 
     channels = None
     if match.conv is not None and not match.conv.is_pointwise:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
+from .strided import schedule_strided
+
 _LANES = 8  # float32 lanes of the narrowest vector the rows have (ymm)
 
 
@@ -48,6 +50,5 @@ class RowOpRule:
             return None
         axis = func.attrs.get("lowprec.axis", None)
         if axis is not None and int(axis) != len(func.params[0].shape) - 1:  # along an outer axis: vectors
-            from .strided import schedule_strided  # along the innermost one, which the reductions carry
-            return schedule_strided(func)
+            return schedule_strided(func)  # along the innermost one, which the reductions carry
         return _schedule_rows(func, self.PRODUCERS[str(op)])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import tvm
 from tvm.s_tir import Schedule
 
-from .blocks import root_children
+from .blocks import root_children, subexpressions
 from .window import contiguous_in_last_spatial_axis, schedule_window
 
 _VECTORS = (16, 8)  # float32 lanes per iteration: two ymm registers, else one
@@ -120,8 +120,6 @@ def schedule_strided(func):
 
 def _gathers(block) -> bool:
     """Whether ``block`` reads some buffer at a position that another buffer's value gives (a table)."""
-    from .blocks import subexpressions
-
     return any(isinstance(node, tvm.ir.expr.TensorLoad) for region in block.reads for r in region.region
                for node in subexpressions(r.min))
 
