@@ -411,9 +411,14 @@ def _tap_channels(match: QGemmMatch, layout) -> int | None:
     """Channels per tap that make an im2col GEMM's depth whole instruction steps of ``layout``, where
     one more channel does it (a 3x3 stem of 3 channels: K = 27, which the GEMM would pad to 28 by
     copying every row of A; 4 channels: K = 36, the copy gone, 0.082 -> 0.055-0.062 ms for 25600x8 on
-    Zen 5); None where the depth is already whole or more channels would be needed."""
+    Zen 5); None where the depth is already whole, more channels would be needed, or the GEMM is wider
+    than one vector of columns: a narrow GEMM is bound by its rows' costs (the copy among them), a wide
+    one by its multiply-adds, which the extra channel adds a third to (ResNet's 7x7 stem, 12544x64:
+    0.320 -> 0.360 ms with a fourth channel)."""
     g = match.conv
     if g is None or g.is_pointwise or g.depthwise or layout.kp == g.depth or match.x_zero_point_expr is not None:
+        return None
+    if layout.np_ > layout.lanes:
         return None
     taps = g.kernel[0] * g.kernel[1]
     return g.channels + 1 if (taps * (g.channels + 1)) % layout.kstep == 0 else None
