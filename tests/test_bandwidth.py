@@ -8,6 +8,7 @@ import math
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 import tvm_lowprec
@@ -102,6 +103,42 @@ def test_profile_rows_carry_bytes_gbs_and_pct_copy(demo, rng):
     assert {r["op"] for r in rows} >= {"qgemm", "quantize", "dequantize"}
 
 
+def test_isolated_profile_times_the_same_kernels_alone(demo, rng):
+    x = rng.standard_normal((8, 128)).astype(np.float32)
+    in_model = {r["name"]: r for r in demo.profile(x, repeat=3)}
+    alone = demo.profile(x, repeat=3, isolated=True)
+    assert {r["name"] for r in alone} == set(in_model) and all(r["timed"] == "isolated" for r in alone)
+    assert all(in_model[r["name"]]["timed"] == "in model" for r in alone)
+    for r in alone:
+        assert r["calls"] == in_model[r["name"]]["calls"] and r["ms"] > 0
+        assert r["gbs"] == pytest.approx(r["bytes"] * r["calls"] / r["ms"] / 1e6)
+    assert sum(r["share"] for r in alone) == pytest.approx(1.0)
+
+
+def test_isolated_profile_fills_buffers_by_their_type():
+    from tvm_lowprec.compiled import _random_fill
+
+    rng = np.random.default_rng(0)
+    buffer = lambda dtype: tvm.tirx.decl_buffer((4096,), dtype)  # noqa: E731
+    codes = _random_fill(rng, buffer("uint8"))
+    assert codes.dtype == np.uint8 and codes.min() == 0 and codes.max() == 255  # every code, full range
+    assert _random_fill(rng, buffer("int8")).min() == -128
+    assert not _random_fill(rng, buffer("int32")).any()  # indices and biases: zeros stay in range
+    floats = _random_fill(rng, buffer("float32"))
+    assert floats.dtype == np.float32 and 0.9 < floats.std() < 1.1
+
+
+def test_isolated_profile_keeps_the_in_model_time_of_a_symbolic_kernel(rng):
+    model = qlinear_matmul(4, 32, 16)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    with pytest.warns(UserWarning, match="dynamic dimension"):
+        compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native", num_threads=1)
+    a = rng.integers(0, 256, (4, 32), dtype=np.uint8)
+    rows = compiled.profile(a, repeat=2, isolated=True)
+    symbolic = {k.name for k in compiled.kernels() if k.bytes is None}
+    assert symbolic and {r["name"] for r in rows if r["timed"] == "in model"} == symbolic & {r["name"] for r in rows}
+
+
 def test_cli_run_table_shows_the_memory_columns(capsys):
     from tvm_lowprec.cli import main
 
@@ -113,3 +150,11 @@ def test_cli_run_table_shows_the_memory_columns(capsys):
     assert "5.0 KiB" in quantize and quantize.rstrip().endswith("%") and quantize.count("%") == 2
     gemm = next(line for line in table[2:] if line.startswith("qgemm"))
     assert gemm.count("%") == 1  # GOPS, no % of copy bandwidth: only its share
+
+
+def test_cli_run_isolated_says_how_kernels_were_timed(capsys):
+    from tvm_lowprec.cli import main
+
+    assert main(["run", "--repeat", "3", "--isolated"]) == 0
+    out = capsys.readouterr().out
+    assert "each kernel timed alone" in out and "qgemm" in out

@@ -163,9 +163,10 @@ def cmd_run(args) -> int:
         return _run_without_timing(compiled, path, inputs, args)
     from .bench.bandwidth import pool_threads
 
-    profile = compiled.profile(inputs)
+    profile = compiled.profile(inputs, isolated=args.isolated)
     print(_kernel_table(_profile_rows(profile)))
-    print(f"bytes: read + written per call; % copy: GB/s over a copy of as many bytes on {pool_threads()} "
+    print(("each kernel timed alone; " if args.isolated else "timed in the model's run; ")
+          + f"bytes: read + written per call; % copy: GB/s over a copy of as many bytes on {pool_threads()} "
           "thread(s)" + ("; schedules: all default" if _all_default(profile) else ""))
     _flag_unscheduled(compiled)
     outputs = compiled(inputs)
@@ -469,6 +470,9 @@ def main(argv=None) -> int:
     run.add_argument("--threads", type=int, default=1)
     run.add_argument("--repeat", type=int, default=50, help="timed calls per runtime")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--isolated", action="store_true",
+                     help="time each kernel of the profile alone (TVM's time evaluator on its own buffers) "
+                          "instead of inside the model's run, whose instrument adds a few us per call")
     run.add_argument("--database", help="tuning records (a `tvm-lowprec tune` work dir) to compile with")
     run.add_argument("--rpc", metavar="HOST:PORT", help="run on the board whose TVM RPC server listens there "
                      "(python -m tvm.exec.rpc_server on the board; for the cross-compiled rows, e.g. arm64-dotprod)")

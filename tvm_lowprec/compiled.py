@@ -308,7 +308,7 @@ class Compiled:
         timer = self._vm.time_evaluator("main", self._device, number=number, repeat=repeat)
         return float(np.median(timer(*tensors).results))
 
-    def profile(self, *args, repeat: int = 20, **kwargs) -> list[dict]:
+    def profile(self, *args, repeat: int = 20, isolated: bool = False, **kwargs) -> list[dict]:
         """Per-kernel time: one row per generated kernel (its :meth:`kernels` fields plus ``ms``, its time
         per model run summed over all its calls (identical layers share one kernel), median over
         ``repeat`` runs, ``calls`` per run, ``gops`` (GEMMs, integer and float, and integer depthwise
@@ -321,12 +321,21 @@ class Compiled:
 
         Times come from a VM instrument around each kernel call; the callback's own overhead (a few
         microseconds a call) is included, so sub-10 us kernels read high (and their GB/s low).
+        ``isolated=True`` times each kernel alone instead (:func:`_isolated_seconds`: all kernels built
+        in one library, each run by TVM's time evaluator on its own buffers, filled with random codes
+        and floats, zeros for 32- and 64-bit integers such as indices and biases) and multiplies by its
+        calls per run from ``repeat`` instrumented runs: no callback overhead, but every kernel finds
+        its operands in cache as often as its own loop brings them there, not as the model leaves them.
+        Its rows say ``timed: "isolated"``; a kernel with a symbolic shape keeps its in-model time
+        (``timed: "in model"``).
         """
         import time
 
         from .bench.bandwidth import copy_bandwidth, pct_of_copy
 
         self._require(timed=True)
+        if isolated and self.spec.device == "cuda":
+            raise LowPrecError("profile(isolated=True) times CPU kernels; a GPU row's kernels are timed in the model")
         self._set_threads()
         ceiling = copy_bandwidth() if self.spec.device != "cuda" else None  # before the VM's workers spin
         tensors = self._arguments(args, kwargs)
@@ -344,17 +353,23 @@ class Compiled:
         vm.set_instrument(instrument)
         for _ in range(repeat):
             vm["main"](*tensors)
+        alone = _isolated_seconds(self._lowered, self.spec.tvm_target(self.num_threads or 2), self._device,
+                                  [name for name in samples]) if isolated else {}
         rows = []
         for info in self.kernels():
             times = samples.get(info.name)
             if times:
-                per_run = float(np.median(times)) * len(times) / repeat  # a kernel may run several times
                 calls = len(times) // repeat
+                if info.name in alone:
+                    per_run = alone[info.name] * calls
+                else:
+                    per_run = float(np.median(times)) * len(times) / repeat  # a kernel may run several times
                 gops = info.ops * calls / per_run / 1e9 if info.ops else None
                 gbs = info.bytes * calls / per_run / 1e9 if info.bytes is not None else None
                 pct = pct_of_copy(info.bytes, gbs, ceiling) if gops is None else None
                 rows.append({**info.as_row(), "ms": per_run * 1e3, "calls": calls, "gops": gops,
-                             "bytes": info.bytes, "gbs": gbs, "pct_copy": pct})
+                             "bytes": info.bytes, "gbs": gbs, "pct_copy": pct,
+                             "timed": "isolated" if info.name in alone else "in model"})
         total = sum(r["ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["ms"] / total
@@ -411,6 +426,41 @@ class Compiled:
     def __repr__(self):
         return (f"Compiled(target={self.spec.name}, execution={self.execution}, inputs={[i.name for i in self.inputs]}, "
                 f"kernels={len(self.kernels())})")
+
+
+def _isolated_seconds(lowered, target, device, names, min_repeat_ms: int = 20, repeat: int = 5) -> dict[str, float]:
+    """Seconds per call of each kernel ``names`` of ``lowered`` run alone: the kernels with fixed
+    shapes built into one library for ``target`` and each timed by TVM's time evaluator (median of
+    ``repeat`` runs of at least ``min_repeat_ms``) on buffers of its parameters' shapes: random 8-bit
+    codes and normal floats, zeros for wider integers (indices stay in range, biases neutral)."""
+    funcs = {}
+    for gvar, func in lowered.functions.items():
+        if gvar.name_hint in names and isinstance(func, tvm.tirx.PrimFunc):
+            if all(_buffer_bytes(p) is not None for p in func.params if hasattr(p, "shape")):
+                funcs[gvar.name_hint] = func.with_attr("global_symbol", gvar.name_hint)
+    if not funcs:
+        return {}
+    lib = tvm.compile(tvm.IRModule(funcs), target=target)
+    rng = np.random.default_rng(0)
+    seconds = {}
+    for name, func in funcs.items():
+        args = [tvm.runtime.tensor(_random_fill(rng, p), device) for p in func.params]
+        timer = lib.mod.time_evaluator(name, device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+        seconds[name] = float(np.median(timer(*args).results))
+    return seconds
+
+
+def _random_fill(rng, buffer) -> np.ndarray:
+    shape, dtype = tuple(int(d) for d in buffer.shape), str(buffer.dtype)
+    kind = np.dtype(bool) if dtype == "bool" else _numpy_dtype(dtype)
+    if kind is None:
+        raise LowPrecError(f"profile(isolated=True): no numpy type for a {dtype} buffer of {list(shape)}")
+    if kind.kind == "f":
+        return rng.standard_normal(shape).astype(kind)
+    if kind.kind in "iu" and kind.itemsize == 1:
+        info = np.iinfo(kind)
+        return rng.integers(info.min, info.max + 1, size=shape, dtype=kind)
+    return np.zeros(shape, dtype=kind)
 
 
 def _to_carrier(spec: InputSpec, value: np.ndarray) -> np.ndarray:
