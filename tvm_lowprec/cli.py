@@ -165,9 +165,8 @@ def cmd_run(args) -> int:
 
     profile = compiled.profile(inputs, isolated=args.isolated)
     print(_kernel_table(_profile_rows(profile)))
-    print(("each kernel timed alone; " if args.isolated else "timed in the model's run; ")
-          + f"bytes: read + written per call; % copy: GB/s over a copy of as many bytes on {pool_threads()} "
-          "thread(s)" + ("; schedules: all default" if _all_default(profile) else ""))
+    print(("each kernel timed alone" if args.isolated else "timed in the model's run") + "; bytes: read + "
+          f"written per call;\n% copy: GB/s over a copy of as many bytes on {pool_threads()} thread(s)" + ("; schedules: all default" if _all_default(profile) else ""))
     _flag_unscheduled(compiled)
     outputs = compiled(inputs)
     t_tvm = compiled.benchmark(inputs, number=max(1, args.repeat // 5), repeat=5)
