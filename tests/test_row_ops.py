@@ -123,16 +123,63 @@ def test_an_ort_quantized_encoder_runs_its_row_operators_on_8_bits(rng):
         assert_within_one_step(compiled(x)[0], session.run(None, {"x": x})[0], output_scale(qdq))
 
 
-def test_the_table_lookup_of_a_softmax_along_an_outer_axis_is_left_to_llvm():
-    """The exponential table's gather is not a TVM vector loop (TVM's vectorizer scalarizes a gather;
-    LLVM's loop vectorizer can emit one); the other blocks are vectors along the innermost axis."""
+def test_a_softmax_along_an_outer_axis_computes_its_exponentials_in_vectors():
+    """No table, no gather: the exponentials are computed in the lanes like every other block, vectors
+    along the innermost axis."""
     from tvm_lowprec.kernels.qsoftmax import build_qsoftmax
     from tvm_lowprec.schedule.rows import RowOpRule
     from tvm_lowprec.targets import resolve_target
     import tvm
 
-    sch = RowOpRule().apply(build_qsoftmax((1, 4, 4, 64), "uint8", "uint8", 1 / 256, 0, 0, 255, axis=1),
-                            resolve_target("native"))
+    func = build_qsoftmax((1, 4, 4, 64), "uint8", 0.3, "uint8", 1 / 256, 0, 0, 255, axis=1)
+    assert len(func.params) == 2  # x and y: no exponential table
+    sch = RowOpRule().apply(func, resolve_target("native"))
     kinds = {name: [sch.get(l).kind for l in sch.get_loops(sch.get_sblock(name))] for name in ("exp", "row_max", "out")}
-    assert tvm.tirx.ForKind.VECTORIZED not in kinds["exp"], kinds
-    assert all(kinds[name][-1] == tvm.tirx.ForKind.VECTORIZED for name in ("row_max", "out")), kinds
+    assert all(kinds[name][-1] == tvm.tirx.ForKind.VECTORIZED for name in kinds), kinds
+
+
+@pytest.mark.parametrize("n", [128, 48, 37])
+def test_a_row_softmax_reduces_in_vector_partials_where_a_vector_divides_the_row(n):
+    """Along the last axis the row maximum and sum are partial results in V lanes (rfactor), then V
+    scalars; the exponentials and the output are vectors; a row no vector width divides stays scalar."""
+    from tvm_lowprec.kernels.qsoftmax import build_qsoftmax
+    from tvm_lowprec.schedule.rows import _LANES, RowOpRule
+    from tvm_lowprec.targets import resolve_target
+    import tvm
+
+    sch = RowOpRule().apply(build_qsoftmax((2, 3, n), "uint8", 0.1, "uint8", 1 / 256, 0, 0, 255), resolve_target("native"))
+    lanes = next((v for v in _LANES if n % v == 0), None)
+    blocks = {name for name in ("row_max_rf", "row_sum_rf") if name in sch.mod["main"].script()}
+    vectorized = lambda name: sch.get(sch.get_loops(sch.get_sblock(name))[-1]).kind == tvm.tirx.ForKind.VECTORIZED  # noqa: E731
+    if lanes is None:
+        assert "row_sum_rf" not in blocks and not vectorized("out")
+        return
+    assert blocks == {"row_max_rf", "row_sum_rf"}
+    for name in ("row_max_rf", "row_sum_rf", "exp", "out"):
+        assert vectorized(name), name
+        assert int(sch.get(sch.get_loops(sch.get_sblock(name))[-1]).extent) == lanes
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.011, 0.11, 0.3, 1.0, 3.7, 10.0])
+def test_the_computed_exponential_is_within_two_ulp_of_numpy(scale):
+    """``neg_exp`` against ``numpy.exp`` of the same float32 ``t = -scale * d`` on all 256 steps ``d``:
+    2 ulp at most where the result is a normal float32; 0 (or numpy's subnormal) below 2^-126."""
+    from tvm import te
+
+    from tvm_lowprec.kernels.qsoftmax import neg_exp
+    from tvm_lowprec.targets import resolve_target
+    import tvm
+
+    d = te.placeholder((256,), "int32", name="d")
+    e = te.compute((256,), lambda i: neg_exp(d[i], scale), name="e")
+    lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([d, e]).with_attr("global_symbol", "main")}),
+                      target=resolve_target("native").tvm_target(1))
+    steps = np.arange(256, dtype=np.int32)
+    got = tvm.runtime.tensor(np.zeros(256, np.float32))
+    lib["main"](tvm.runtime.tensor(steps), got)
+    got = got.numpy()
+    want = np.exp(-(np.float32(scale) * steps.astype(np.float32))).astype(np.float32)
+    normal = want >= np.finfo(np.float32).tiny
+    ulps = np.abs(got[normal].view(np.int32).astype(np.int64) - want[normal].view(np.int32).astype(np.int64))
+    assert ulps.max() <= 2, (ulps.max(), steps[normal][ulps.argmax()])
+    assert np.all((got[~normal] == 0) | (np.abs(got[~normal] - want[~normal]) <= np.finfo(np.float32).tiny))

@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from ..kernels.qlayernorm import MAX_ROW, build_qlayernorm
-from ..kernels.qsoftmax import build_qsoftmax, exp_table
+from ..kernels.qsoftmax import build_qsoftmax
 from .patterns import call_of, constant, dtype_of, qparams, static_shape
 from .requant import qrange
 
@@ -40,9 +40,9 @@ def _last_axis(axes, rank: int) -> bool:
 def _softmax(builder, core, dq, p_in, out, name_shape):
     """(PrimFunc name stem, PrimFunc, constant arguments) for a softmax along any axis, or None."""
     axis = int(core.attrs.axis) % len(name_shape)
-    func = build_qsoftmax(name_shape, dtype_of(dq.args[0]), out.dtype, out.scale, out.zero_point, *out.range,
-                          axis=axis)
-    return "qsoftmax" if axis == len(name_shape) - 1 else f"qsoftmax_axis{axis}", func, [exp_table(_scalar(p_in.scale))]
+    func = build_qsoftmax(name_shape, dtype_of(dq.args[0]), _scalar(p_in.scale), out.dtype, out.scale, out.zero_point,
+                          *out.range, axis=axis)
+    return "qsoftmax" if axis == len(name_shape) - 1 else f"qsoftmax_axis{axis}", func, []
 
 
 def _float_constant(expr, lookup) -> np.ndarray | None:
