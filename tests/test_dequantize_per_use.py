@@ -37,10 +37,11 @@ def test_a_squeeze_excite_block_reads_the_codes_twice(rng):
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
     kernels = compiled.kernels()
     full = 16 * 24 * 24
-    # the gate's multiply dequantizes the codes itself; only the pool's input is written as float32
-    # (a mean takes no fused producer in TVM: see the pass)
+    # the gate's multiply reads the codes themselves (int32 fixed point on the codes of both operands,
+    # quant/integer_binary.py); only the pool's input is written as float32 (a mean takes no fused
+    # producer in TVM: see the pass)
     assert sum(k.writes is not None and k.writes > full for k in kernels) <= 1, kernels
-    assert any("multiply" in k.name and k.name.count("dequantize") >= 2 and k.reads <= 2 * full for k in kernels), kernels
+    assert any("multiply" in k.name and "dequantize" not in k.name and k.reads <= full + 64 for k in kernels), kernels
     x = (rng.standard_normal((1, 16, 24, 24)) * 2).astype(np.float32)
     want = ort_session(model, optimized=False).run(None, {"x": x})[0]
     assert_within_one_step(compiled(x)[0], want, 1.0)  # codes; the pool's float sum in another order: a step at ties

@@ -6,7 +6,8 @@
    convolutions' NHWC layout carried through the layers between them
    (:mod:`~tvm_lowprec.quant.propagate_layout`), softmax and layer norm of 8-bit tensors as 8-bit
    kernels (:mod:`~tvm_lowprec.quant.row_ops`), float functions of one 8-bit tensor (Sigmoid,
-   SiLU, GELU) as 256-entry tables (:mod:`~tvm_lowprec.quant.lookup_tables`), then the float32 matmuls and
+   SiLU, GELU) as 256-entry tables (:mod:`~tvm_lowprec.quant.lookup_tables`), adds and multiplies of two
+   8-bit tensors as int32 fixed point on the codes (:mod:`~tvm_lowprec.quant.integer_binary`), then the float32 matmuls and
    convolutions left with constant weights as packed FMA kernels (:mod:`~tvm_lowprec.quant.float_gemm`),
    and, optionally, TVM's FastMathTransform for the float operators left between quantized ones; last,
    the means of 8-bit tensors as integer sums (:mod:`~tvm_lowprec.quant.integer_mean`) and a shared
@@ -27,6 +28,7 @@ from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.finite_quantize import finite_quantize_module
 from .quant.float_gemm import float_gemm_module
 from .quant.fold_qdq import fold_qdq_module
+from .quant.integer_binary import integer_binary_module
 from .quant.integer_mean import integer_mean_module
 from .quant.legalize import LEGALIZE
 from .quant.lookup_tables import lookup_tables_module
@@ -81,7 +83,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     ``weight_only``: a :class:`~tvm_lowprec.quant.weight_only.WeightOnlyConfig` (default: float activations)."""
     mod = weight_only_module(mod, spec, weight_only)
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
-    mod = lookup_tables_module(row_ops_module(mod), spec)
+    mod = integer_binary_module(lookup_tables_module(row_ops_module(mod), spec))
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
