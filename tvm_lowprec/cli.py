@@ -77,25 +77,14 @@ def _kernel_table(rows: list[dict]) -> str:
 
 
 def _random_inputs(compiled, seed: int) -> dict:
-    """Normal floats; 8-bit inputs over their whole range; wider integer inputs are token-id-like
-    (small non-negative values), and any input named like a mask is all ones."""
-    rng = np.random.default_rng(seed)
-    inputs = {}
-    for spec in compiled.inputs:
-        if any(not isinstance(d, int) for d in spec.shape):
-            raise SystemExit(
-                f"input {spec.name!r} has a dynamic shape {spec.shape}: fix it with --shape {spec.name}=DxDx..."
-            )
-        if spec.dtype.startswith("float"):
-            inputs[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
-        elif "mask" in spec.name.lower():
-            inputs[spec.name] = np.ones(spec.shape, spec.dtype)
-        elif np.dtype(spec.dtype).itemsize == 1:
-            info = np.iinfo(spec.dtype)
-            inputs[spec.name] = rng.integers(info.min, info.max + 1, spec.shape).astype(spec.dtype)
-        else:
-            inputs[spec.name] = rng.integers(0, 1000, spec.shape).astype(spec.dtype)
-    return inputs
+    """:func:`tvm_lowprec.compiled.random_inputs`; a dynamic shape ends the command, naming the fix."""
+    from .compiled import random_inputs
+    from .errors import InputError
+
+    try:
+        return random_inputs(compiled, seed)
+    except InputError as err:
+        raise SystemExit(f"{err}: fix it with --shape NAME=DxDx...") from None
 
 
 def _ort_session(path: str, threads: int, optimized: bool = True):
@@ -281,7 +270,8 @@ def cmd_tune(args) -> int:
     _done(t0)
     try:
         result = tvm_lowprec.tune(mod, args.target, trials=args.trials, work_dir=args.work_dir,
-                                  num_threads=args.threads, rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key)
+                                  num_threads=args.threads, rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key,
+                                  others=not args.gemm_only, top=args.top)
     except TuningError as err:
         print(f"tvm-lowprec tune: {err}", file=sys.stderr)
         return 2
@@ -488,6 +478,10 @@ def main(argv=None) -> int:
     tune.add_argument("--threads", type=int, default=None, help="threads the kernels are tuned for")
     tune.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on machines registered with this tracker")
     tune.add_argument("--rpc-key", help="the tracker key of the machines to measure on")
+    tune.add_argument("--top", type=int, help="tune only the kernels among the model's N slowest (each timed alone "
+                                              "on this host first)")
+    tune.add_argument("--gemm-only", action="store_true", help="tune only the integer GEMMs (not the element-wise, "
+                                                               "layout, pooling and row kernels around them)")
     _add_shape_option(tune)
     tune.set_defaults(func=cmd_tune)
     quant = sub.add_parser("quantize", help="post-training quantization of an FP32 ONNX model into an ONNX QDQ "

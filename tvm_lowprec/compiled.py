@@ -428,6 +428,27 @@ class Compiled:
                 f"kernels={len(self.kernels())})")
 
 
+def random_inputs(compiled: Compiled, seed: int = 0) -> dict:
+    """Inputs for a run of ``compiled`` (a timing, a smoke test): normal floats; 8-bit inputs over their
+    whole range; wider integer inputs token-id-like (0..999), and any input named like a mask all
+    ones. :class:`InputError` for an input with a dynamic dimension."""
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for spec in compiled.inputs:
+        if any(not isinstance(d, int) for d in spec.shape):
+            raise InputError(f"input {spec.name!r} has a dynamic shape {list(spec.shape)}")
+        if spec.dtype.startswith("float"):
+            inputs[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        elif "mask" in spec.name.lower():
+            inputs[spec.name] = np.ones(spec.shape, spec.dtype)
+        elif np.dtype(spec.dtype).itemsize == 1:
+            info = np.iinfo(spec.dtype)
+            inputs[spec.name] = rng.integers(info.min, info.max + 1, spec.shape).astype(spec.dtype)
+        else:
+            inputs[spec.name] = rng.integers(0, 1000, spec.shape).astype(spec.dtype)
+    return inputs
+
+
 def _isolated_seconds(lowered, target, device, names, min_repeat_ms: int = 20, repeat: int = 5) -> dict[str, float]:
     """Seconds per call of each kernel ``names`` of ``lowered`` run alone: the kernels with fixed
     shapes built into one library for ``target`` and each timed by TVM's time evaluator (median of

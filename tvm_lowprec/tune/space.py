@@ -138,3 +138,45 @@ def space_generator():
     return ms.space_generator.ScheduleFn(
         qgemm_spaces, sch_rules=[], postprocs=[], mutator_probs={ms.mutator.MutateTileSize(): 1.0}
     )
+
+
+# -- every other kernel: MetaSchedule's CPU space, our rule's schedule as the first point ---------------
+#
+# An element-wise chain, a layout change, a pool, a row operator, a lookup, a depthwise convolution:
+# what our rules choose (vector width, parallel grain, fusion of the producers) is fixed in their code,
+# so the search runs MetaSchedule's own space for the target (multi-level tiling, inlining,
+# parallelize-vectorize-unroll), and the rule's schedule (or, where no rule accepts the kernel, the
+# kernel as written) is measured first: a record replaces it only when it is faster
+# (:data:`~tvm_lowprec.tune.tuner.MIN_GAIN`).
+
+
+def is_generic_task(func) -> bool:
+    """A kernel the generic space covers: any PrimFunc with fixed shapes that is not a view (a reshape
+    TVM lowers without a copy), not a qgemm (:func:`is_tunable`) and not already scheduled."""
+    from tvm import relax
+
+    if is_tunable(func) or (func.attrs is not None and func.attrs.get("tir.is_scheduled", False)):
+        return False
+    if relax.analysis.has_reshape_pattern(func):
+        return False
+    return all(isinstance(getattr(d, "value", d), int) for p in func.params for d in getattr(p, "shape", ()))
+
+
+def rule_schedule(func, spec, target):
+    """The schedule ``compile`` gives a non-GEMM kernel for ``target`` (the TVM target of ``spec``'s row
+    that compile builds for): the first accepting rule's, or, where none accepts it, ``func``
+    unscheduled, its trace one no-op instruction (TVM 0.27's ``get_top_k`` never returns a record
+    whose trace is empty, so the measured default would be lost)."""
+    from ..schedule import schedule_func
+
+    with target:
+        sch = schedule_func(func, spec)
+    if sch is None:
+        sch = Schedule(func)
+        sch.get_child_blocks(sch.get_sblock("root"))
+    return sch
+
+
+def generic_space_generator():
+    """MetaSchedule's design space for the target: its default rules, post-processors and mutators."""
+    return ms.space_generator.PostOrderApply()

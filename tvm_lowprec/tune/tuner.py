@@ -36,7 +36,8 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from .. import _tvmscript
 from ..errors import LowPrecError
 from ..targets import host_supports, resolve_target
-from .space import default_schedule, is_tunable, schedule_key, space_generator, space_size
+from .space import (default_schedule, generic_space_generator, is_generic_task, is_tunable, rule_schedule, schedule_key,
+                    space_generator, space_size)
 
 log = logging.getLogger("tvm_lowprec.tune")
 
@@ -63,9 +64,13 @@ class Task:
     name: str
     func: tvm.tirx.PrimFunc
     kernels: tuple[str, ...] = ()
+    generic: bool = False  # a non-GEMM kernel: MetaSchedule's CPU space, the rule's schedule first
 
     @property
-    def shape(self) -> tuple[int, int, int]:
+    def shape(self) -> tuple[int, ...]:
+        """A GEMM's M x N x K; another kernel's output shape."""
+        if self.generic:
+            return tuple(int(getattr(d, "value", d)) for d in self.func.params[-1].shape)
         return tuple(int(x) for x in self.func.attrs["lowprec.shape"])
 
     @property
@@ -86,6 +91,7 @@ class TaskResult:
     default_us: float | None  # the default schedule's measured time (None: not measured)
     best_us: float | None  # the time of the schedule compile uses
     batch: int = 0  # GEMMs per call (batched kernels)
+    generic: bool = False  # a non-GEMM kernel (shape: its output's; no GOPS)
 
     @property
     def speedup(self) -> float | None:
@@ -93,6 +99,8 @@ class TaskResult:
 
     @property
     def gops(self) -> float | None:
+        if self.generic:
+            return None
         m, n, k = self.shape
         return 2 * max(1, self.batch) * m * n * k / self.best_us / 1e3 if self.best_us else None
 
@@ -110,6 +118,7 @@ class TuningResult:
     seconds: float
     measured: int
     remote: str | None = None
+    model_ms: tuple[float, float] | None = None  # the model by TVM's time evaluator: default schedules, tuned
 
     @property
     def trials_per_second(self) -> float:
@@ -117,7 +126,8 @@ class TuningResult:
 
     def table(self) -> str:
         """Markdown: per kernel, records, failures, default and tuned time, speed-up, GOPS."""
-        head = ("| kernel | [batch x] M x N x K | kernels | trials | failed | default µs | tuned µs | speed-up | GOPS |\n"
+        head = ("| kernel | [batch x] M x N x K (GEMM) or output | kernels | trials | failed | default µs | tuned µs "
+                "| speed-up | GOPS |\n"
                 "|---|---|---|---|---|---|---|---|---|")
         rows = [head]
         for t in self.tasks:
@@ -130,6 +140,10 @@ class TuningResult:
                     f"({self.trials_per_second:.3f} trials/s); target {self.target}.")
         if self.untuned:
             rows.append(f"Not tuned (no tensorized search space; default schedules): {', '.join(self.untuned)}.")
+        if self.model_ms:
+            before, after = self.model_ms
+            rows.append(f"Model, one call by TVM's time evaluator, interleaved: {before:.4g} ms with the default "
+                        f"schedules, {after:.4g} ms tuned ({before / after:.2f}x).")
         return "\n".join(rows)
 
 
@@ -146,23 +160,31 @@ def _kernels(mod, spec, requant_mode, fast_math):
     return [(g.name_hint, f) for g, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
-def untunable_kernels(mod, spec, requant_mode: str = "float", fast_math: bool = True, kernels=None) -> list[str]:
-    """Integer kernels of ``mod`` that no search space covers yet (run-time weight packing, im2col,
-    depthwise): they keep their default schedules. ``kernels``: already made by :func:`_kernels`."""
+def untunable_kernels(mod, spec, requant_mode: str = "float", fast_math: bool = True, kernels=None,
+                      others: bool = False) -> list[str]:
+    """Integer kernels of ``mod`` that no search space covers (run-time weight packing, im2col,
+    depthwise) unless ``others`` gives them the generic one: they keep their default schedules.
+    ``kernels``: already made by :func:`_kernels`."""
     kernels = kernels if kernels is not None else _kernels(mod, spec, requant_mode, fast_math)
-    return sorted(name for name, f in kernels if f.attrs is not None and "lowprec.op" in f.attrs and not is_tunable(f))
+    return sorted(name for name, f in kernels if f.attrs is not None and "lowprec.op" in f.attrs and not is_tunable(f)
+                  and not (others and is_generic_task(f)))
 
 
-def extract_tasks(mod, spec, requant_mode: str = "float", fast_math: bool = True, kernels=None) -> list[Task]:
+def extract_tasks(mod, spec, requant_mode: str = "float", fast_math: bool = True, kernels=None,
+                  others: bool = False) -> list[Task]:
     """The tunable kernels of ``mod``, one task per schedule key (kernels that differ only in their
-    constants are one task, represented by the first of them by name)."""
+    constants are one task, represented by the first of them by name); with ``others``, also every
+    other kernel (:func:`~.space.is_generic_task`), one task per structurally equal kernel."""
     groups: dict[str, list] = {}
     kernels = kernels if kernels is not None else _kernels(mod, spec, requant_mode, fast_math)
     for name, func in sorted(kernels, key=lambda item: item[0]):
         if is_tunable(func):
             groups.setdefault(schedule_key(func), []).append((name, func))
-    tasks = [Task(members[0][0], members[0][1], tuple(n for n, _ in members)) for members in groups.values()]
-    return sorted(tasks, key=lambda t: t.name)
+        elif others and is_generic_task(func):
+            groups.setdefault(f"generic:{tvm_ffi.structural_hash(_normalize_mod(func))}", []).append((name, func))
+    tasks = [Task(members[0][0], members[0][1], tuple(n for n, _ in members), key.startswith("generic:"))
+             for key, members in groups.items()]
+    return sorted(tasks, key=lambda t: (t.generic, t.name))
 
 
 def open_database(work_dir) -> ms.database.JSONDatabase:
@@ -258,10 +280,19 @@ def _commit(database, func, trace, run_secs, target) -> None:
     database.commit_tuning_record(ms.database.TuningRecord(trace, workload, run_secs, target, args_info))
 
 
+def _default(func, target):
+    """The schedule ``compile`` gives ``func`` without records for ``target``: a GEMM's default point
+    of its space (None where the rule's tile does not fit), another kernel's rule schedule."""
+    func = _normalize_mod(func)["main"]
+    if is_tunable(func):
+        return default_schedule(func)
+    return rule_schedule(func, resolve_target(target), target)
+
+
 def _measure_default(task, target, database, builder, runner) -> None:
     """Build and run the default schedule and commit it as the kernel's first record (a failure as
     MetaSchedule records one: 1e10 s)."""
-    sch = default_schedule(_normalize_mod(task.func)["main"])
+    sch = _default(task.func, target)
     if sch is not None:
         (times,) = _measure([sch], task.func, target, builder, runner)
         _commit(database, task.func, sch.trace, times or [1e10], target)
@@ -298,9 +329,9 @@ def _ranked(records) -> list[tuple]:
                   key=lambda item: (validated and not item[2], item[1]))
 
 
-def _default_trace(func) -> str | None:
+def _default_trace(func, target) -> str | None:
     """The default schedule's trace text (how its records are recognised), or None."""
-    sch = default_schedule(func)
+    sch = _default(func, target)
     return str(sch.trace) if sch is not None else None
 
 
@@ -312,7 +343,7 @@ def _best(records, func, ranked=None, default=None):
     ranked = ranked if ranked is not None else _ranked(records)
     if not ranked:
         return None
-    default = default if default is not None else _default_trace(func)
+    default = default if default is not None else _default_trace(func, ranked[0][0].target)
     for record, seconds, validated in ranked:
         if validated and str(record.trace) == default and ranked[0][1] > seconds * (1 - MIN_GAIN):
             return record, seconds
@@ -332,7 +363,7 @@ def _validate(task, target, database, builder, runner, top: int, rounds: int) ->
     """Measure the ``top`` fastest schedules so far and the default one again, ``rounds`` times,
     interleaved, and record the times: the medians then decide."""
     ranked = [rec for rec, *_ in _ranked(_records(database, task.func))]
-    default = _default_trace(_normalize_mod(task.func)["main"])
+    default = _default_trace(task.func, target)
     chosen = ranked[:top] + [rec for rec in ranked[top:] if str(rec.trace) == default]
     if len(chosen) < 2:
         return
@@ -342,16 +373,17 @@ def _validate(task, target, database, builder, runner, top: int, rounds: int) ->
             _commit(database, task.func, record.trace, secs, target)
 
 
-def _summary(database, task) -> TaskResult:
+def _summary(database, task, target) -> TaskResult:
     records = _records(database, task.func)
     failed = sum(_seconds(r) >= FAILED for r in records)
     func = _normalize_mod(task.func)["main"]
-    ranked, default = _ranked(records), _default_trace(func)
+    ranked, default = _ranked(records), _default_trace(func, target)
     best = _best(records, func, ranked, default)
     default_s = [t for rec, t, _ in ranked if str(rec.trace) == default]
-    return TaskResult(task.name, task.shape, str(task.func.attrs["lowprec.intrin"]), max(1, len(task.kernels)),
-                      len(records), failed, default_s[0] * 1e6 if default_s else None,
-                      best[1] * 1e6 if best else None, task.batch)
+    intrinsic = str(task.func.attrs.get("lowprec.intrin", "none")) if task.func.attrs is not None else "none"
+    return TaskResult(task.name, task.shape, intrinsic, max(1, len(task.kernels)), len(records), failed,
+                      default_s[0] * 1e6 if default_s else None, best[1] * 1e6 if best else None, task.batch,
+                      task.generic)
 
 
 COST_MODELS = ("xgb", "random")
@@ -360,7 +392,8 @@ COST_MODELS = ("xgb", "random")
 def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threads: int | None = None,
          requant_mode: str = "float", fast_math: bool = True, rpc_tracker: str | None = None,
          rpc_key: str | None = None, builder_timeout: float = 120.0, progress: bool = True,
-         cost_model: str = "xgb") -> TuningResult:
+         cost_model: str = "xgb", others: bool = True, measure_model: bool = True,
+         top: int | None = None) -> TuningResult:
     """Tune every integer kernel of ``mod`` for ``target``: ``trials`` measured candidates per kernel,
     the default schedule first (records already in ``work_dir`` count).
 
@@ -371,7 +404,14 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     ...``) instead of this host. Returns a :class:`TuningResult`; pass it (or ``work_dir``) to
     :func:`tvm_lowprec.compile` as ``database=``. ``cost_model``: ``"xgb"`` (MetaSchedule's XGBoost
     model, the default) or ``"random"`` (no model: candidates drawn at random from the evolutionary
-    search's population; for hosts without xgboost)."""
+    search's population; for hosts without xgboost). ``others``: also tune every non-GEMM kernel
+    (element-wise chains, layout changes, pools, row operators, lookups, depthwise convolutions) in
+    MetaSchedule's CPU space, each measured first with the schedule our rule gives it
+    (:mod:`~.space`). ``measure_model``: after tuning, time the whole model with the default
+    schedules and with the records, interleaved, on this host (not with ``rpc_tracker``):
+    :attr:`TuningResult.model_ms`. ``top``: tune only the kernels among the model's ``top`` slowest
+    (each timed alone on this host, ``Compiled.profile(isolated=True)``, default schedules): where
+    the time is."""
     from tqdm.auto import tqdm
 
     if trials < 1:
@@ -388,8 +428,12 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     target_ = tuning_target(spec, num_threads)
     database = open_database(work_dir)
     kernels = _kernels(mod, spec, requant_mode, fast_math)  # the passes run once for both lists
-    tasks = extract_tasks(mod, spec, kernels=kernels)
-    skipped = tuple(untunable_kernels(mod, spec, kernels=kernels))
+    tasks = extract_tasks(mod, spec, kernels=kernels, others=others)
+    skipped = tuple(untunable_kernels(mod, spec, kernels=kernels, others=others))
+    if top is not None:
+        if rpc_tracker is not None:
+            raise TuningError("top= ranks the kernels by timing them on this host; tune remotely without it")
+        tasks = _slowest(tasks, mod, spec, num_threads, top)
     if skipped:
         log.warning("no tensorized search space for %d kernel(s), kept on their default schedules: %s",
                     len(skipped), ", ".join(skipped))
@@ -417,13 +461,48 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
                     _normalize_mod(task.func), target_, str(Path(work_dir) / "logs" / task.name),
                     max_trials_global=search, num_trials_per_iter=min(search, 16),
                     builder=builder, runner=runner, database=database, cost_model=cost_model,
-                    space=space_generator(), strategy=_search(trials), num_tuning_cores=1,
+                    space=generic_space_generator() if task.generic else space_generator(),
+                    strategy=_search(trials), num_tuning_cores=1,
                 )
         if _work_left(database, task, trials)[1]:
             _validate(task, target_, database, builder, runner, VALIDATE_TOP, VALIDATE_ROUNDS)
     measured = sum(records_of(database, t.func) for t in tasks) - before
-    return TuningResult(database, Path(work_dir), spec.name, tuple(_summary(database, t) for t in tasks), skipped,
-                        time.perf_counter() - start, measured, remote=f"{rpc_key}@{rpc_tracker}" if rpc_tracker else None)
+    model_ms = _model_before_after(mod, spec, database, num_threads) if measure_model and not rpc_tracker and tasks else None
+    return TuningResult(database, Path(work_dir), spec.name, tuple(_summary(database, t, target_) for t in tasks), skipped,
+                        time.perf_counter() - start, measured, remote=f"{rpc_key}@{rpc_tracker}" if rpc_tracker else None,
+                        model_ms=model_ms)
+
+
+def _slowest(tasks, mod, spec, num_threads, top: int) -> list:
+    """The tasks serving at least one of the model's ``top`` slowest kernels, slowest first."""
+    import tvm_lowprec
+
+    from ..compiled import random_inputs
+
+    compiled = tvm_lowprec.compile(mod, spec, num_threads=num_threads, database=False)
+    rank = {r["name"]: i for i, r in enumerate(compiled.profile(random_inputs(compiled), repeat=2, isolated=True))}
+    chosen = [t for t in tasks if any(rank.get(k, top) < top for k in t.kernels or (t.name,))]
+    return sorted(chosen, key=lambda t: min(rank.get(k, top) for k in t.kernels or (t.name,)))
+
+
+def _model_before_after(mod, spec, database, num_threads) -> tuple[float, float] | None:
+    """(default, tuned) ms of one call of the whole model, TVM's time evaluator, interleaved rounds;
+    None where the model has a dynamic input."""
+    import tvm_lowprec
+
+    from ..bench.timing import Timing, compiled_loop, measure_interleaved
+    from ..compiled import random_inputs
+    from ..errors import InputError
+
+    built = {name: tvm_lowprec.compile(mod, spec, num_threads=num_threads, database=db)
+             for name, db in (("default", False), ("tuned", database))}
+    try:
+        inputs = random_inputs(built["default"])
+    except InputError:
+        return None
+    loops = {name: compiled_loop(c, inputs) for name, c in built.items()}
+    times = measure_interleaved(loops, Timing(min_time=0.05, repeat=5, budget=None))
+    return times["default"].seconds * 1e3, times["tuned"].seconds * 1e3
 
 
 def _work_left(database, task, trials: int) -> tuple[int, bool]:
@@ -433,7 +512,8 @@ def _work_left(database, task, trials: int) -> tuple[int, bool]:
     records = _records(database, task.func)
     distinct = len({str(r.trace) for r in records})
     validation = VALIDATE_TOP + 1 if trials >= MIN_TRIALS_TO_VALIDATE else 0
-    search = min(trials - validation, space_size(_normalize_mod(task.func)["main"])) - distinct
+    size = trials if task.generic else space_size(_normalize_mod(task.func)["main"])
+    search = min(trials - validation, size) - distinct
     return max(0, search), bool(validation) and len(records) == distinct
 
 
@@ -528,9 +608,11 @@ def database_lookup(database, spec, num_threads: int | None = None):
         """Schedule key -> best record, for kernels without records of their own."""
         return _best_records(database, lambda record: schedule_key(record.workload.mod["main"]))
 
+    target = tuning_target(spec, num_threads)
+
     def tuned(func):
         if not is_tunable(func):
-            return None
+            return _tuned_other(func) if is_generic_task(func) else None
         mod = _normalize_mod(func)
         best = _best(_records(database, func), mod["main"])
         # no record of its own: a kernel differing only in its constants
@@ -544,5 +626,21 @@ def database_lookup(database, spec, num_threads: int | None = None):
                         str(err).splitlines()[-1])
             return None
         return sch
+
+    def _tuned_other(func):
+        """A non-GEMM kernel's best record, or None where it has none or the rule's schedule is best."""
+        records = _records(database, func)
+        if not records:
+            return None
+        default = _default_trace(func, target)
+        best = _best(records, _normalize_mod(func)["main"], default=default)
+        if best is None or str(best[0].trace) == default:
+            return None
+        try:
+            return _replay(best[0].trace, func)
+        except Exception as err:  # noqa: BLE001 - a record that does not fit: the default rules
+            log.warning("tuning record for %s does not apply (%s); default schedule", func.attrs.get("global_symbol", "?"),
+                        str(err).splitlines()[-1])
+            return None
 
     return tuned
