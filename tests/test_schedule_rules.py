@@ -3,6 +3,8 @@ which rule takes the function (the decision), and that the scheduled kernel comp
 unscheduled one does (the transformation). Also the NaN test a quantize drops when its input is
 bounded (:mod:`tvm_lowprec.quant.finite_quantize`)."""
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -13,6 +15,7 @@ import tvm_lowprec
 from tvm_lowprec.kernels.qgemm import _column_groups
 from tvm_lowprec.schedule import DEFAULT_RULES, ElementwiseRule, StridedReductionRule, WindowReductionRule
 from tvm_lowprec.targets import resolve_target
+from tvm_lowprec.targets.x86 import X86_TARGETS
 
 SPEC = resolve_target("native")
 
@@ -93,6 +96,43 @@ def test_a_max_pool_with_a_dequantize_after_it_is_one_window_kernel(rng):
     (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, body, "uint8"))
     assert _first_rule(func) == "WindowReductionRule"
     _check_scheduled(func, WindowReductionRule(), [rng.integers(0, 256, shape).astype(np.uint8)])
+
+
+@pytest.mark.parametrize("spec", X86_TARGETS, ids=lambda s: s.name)
+@pytest.mark.parametrize("pool", ["sppf 5x5 s1, 16 channels", "resnet 3x3 s2, 64 channels"])
+def test_max_pools_run_in_the_rows_vector_registers_without_bounds_tests(pool, spec, rng):
+    """A pool's taps are full vectors of the row's width (``vpmaxub`` on its registers, from the row's
+    data): SPPF's few channels through the fused (column, channel) axis over a padded copy, ResNet's
+    64 channels with the padding inlined and its bounds tests split off by LoopPartition; both exact
+    against the unscheduled kernel where the host runs the row."""
+    from tvm_lowprec.targets import host_supports
+
+    if pool.startswith("sppf"):
+        shape, size, stride, pad = (1, 12, 16, 16), 5, 1, 2
+    else:
+        shape, size, stride, pad = (1, 16, 16, 64), 3, 2, 1
+
+    def body(bb, x):
+        return relax.op.nn.max_pool2d(x, pool_size=(size, size), strides=(stride, stride), padding=(pad,) * 4,
+                                      layout="NHWC")
+
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, body, "uint8"))
+    with spec.tvm_target(1):
+        sch = WindowReductionRule().apply(func, spec)
+    kinds = [inst.kind.name for inst in sch.trace.insts]
+    lanes = spec.gemm.vector_bits // 8
+    assert ("ComputeInline" in kinds) == pool.startswith("resnet")  # the padding copied once, or inlined
+    assert str(sch.trace).count("pragma_loop_partition_hint") == 2  # rows and columns (of the padding or the window)
+    vectorized = sch.mod["main"].script()
+    assert f"T.vectorized(T.int64({lanes}))" in vectorized or f"T.vectorized({lanes})" in vectorized
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=spec.tvm_target(1))
+    register = {256: "ymm", 512: "zmm"}[spec.gemm.vector_bits]
+    assert re.search(rf"vpmaxub\s+[^\n]*%{register}\d+, %{register}\d+", lib.mod.inspect_source("asm"))
+    if host_supports(spec):
+        x = rng.integers(0, 256, shape).astype(np.uint8)
+        out = [tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], np.uint8))]
+        lib.mod["main"](tvm.runtime.tensor(x), *out)
+        np.testing.assert_array_equal(out[0].numpy(), _run(func, [x])[0])
 
 
 # -- injective chains ----------------------------------------------------------------------------
