@@ -144,16 +144,22 @@ def _upsample_concat(bb, x):
     return relax.op.concat(pieces, axis=-1)
 
 
-def test_a_concatenation_of_misaligned_pieces_computes_each_piece_first(rng):
+@pytest.mark.parametrize("channels, kept", [(6, 0), (70, 4)])
+def test_a_concatenation_of_misaligned_pieces(channels, kept, rng):
+    """An FPN's four 6-channel pieces: everything inlined, the channel axis computed in unrolled steps
+    of 6 (each step's piece known, its select folded); pieces wider than a vector (70 channels) are
+    computed into buffers of their own first. Exact either way."""
     from tvm.s_tir import Schedule
 
     from tvm_lowprec.schedule.blocks import root_children
     from tvm_lowprec.schedule.elementwise import _pieces_of_misaligned_concats
 
-    shape = (1, 8, 8, 6)
+    shape = (1, 8, 8, channels)
     (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, _upsample_concat))
     sch = Schedule(func)
-    assert len(_pieces_of_misaligned_concats(sch, root_children(sch)[1])) == 4
+    assert len(_pieces_of_misaligned_concats(sch, root_children(sch)[1])) == kept
+    trace = str(ElementwiseRule().apply(func, SPEC).trace)
+    assert ("sch.unroll" in trace and "factors=[None, 6]" in trace) == (kept == 0)
     _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
 
 
