@@ -67,9 +67,14 @@ def build_qsoftmax(shape, in_dtype: str, in_scale: float, out_dtype: str, out_sc
     e = te.compute(shape, lambda *i: neg_exp(top[reduced(i)] - x[i].astype("int32"), in_scale), name="exp")
     k = te.reduce_axis((0, n), "k")
     total = te.compute(lead, lambda *i: te.sum(e[at(i, k)], axis=k), name="row_sum")
+    # one division per row, not two per element (a DFL head's 4-bin rows: 4 elements a row): the
+    # probability and its quantization as one product, exp x 1 / (sum x scale)
+    inverse = te.compute(lead, lambda *i: tirx.const(1.0, "float32") / (total[i] * tirx.const(np.float32(out_scale),
+                                                                                             "float32")),
+                         name="row_scale")
 
     def out(*i):
-        return quantize_linear(e[i] / total[reduced(i)], out_scale, out_zero_point, qmin, qmax, out_dtype)
+        return quantize_linear(e[i] * inverse[reduced(i)], 1.0, out_zero_point, qmin, qmax, out_dtype)
 
     y = te.compute(shape, out, name="out")
     func = te.create_prim_func([x, y])

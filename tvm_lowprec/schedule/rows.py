@@ -76,7 +76,7 @@ class RowOpRule:
     """Schedules a row operator by its ``lowprec.op``; declines everything else."""
 
     PRODUCERS = {
-        "qsoftmax": ("row_sum", "exp", "row_max"),
+        "qsoftmax": ("row_scale", "row_sum", "exp", "row_max"),
         "qlayernorm": ("row_factor", "row_mean", "row_sum_sq", "row_sum"),
     }
 

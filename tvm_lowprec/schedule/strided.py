@@ -139,12 +139,15 @@ def _reduction_last(sch, blocks):
 
 
 def _inline_single_use(sch, blocks):
-    """``blocks`` less the element-wise ones inlined into their one reader."""
+    """``blocks`` less the element-wise ones inlined into their one reader, except a value per row
+    (fewer axes than its reader: inlined, it would be computed once per element of the row, a
+    softmax's reciprocal of the row sum)."""
     kept, live = [], list(blocks)
     for block in blocks[:-1]:
         stmt = sch.get(block)
         readers = [b for b in live if any(r.source.same_as(w.source) for r in sch.get(b).reads for w in stmt.writes)]
-        if len(readers) == 1 and all(iv.iter_type == 0 for iv in stmt.iter_vars):
+        per_row = readers and len(stmt.iter_vars) < len(sch.get(readers[0]).iter_vars)
+        if len(readers) == 1 and all(iv.iter_type == 0 for iv in stmt.iter_vars) and not per_row:
             try:
                 sch.compute_inline(block)
                 live.remove(block)
