@@ -6,18 +6,19 @@ parallel, the innermost vectorized. Fusing every axis into one vectorized loop m
 its position back into indices when the innermost extent is not a multiple of the vector (a 6400x24
 transpose-and-concatenate: 1.6 ms so, 0.33-0.51 ms as a nest; a 25600x27 reshape 0.61 -> 0.06 ms).
 
-A concatenation along the innermost axis whose pieces do not start at multiples of the vector (4
-pieces of 6 channels) would compute every piece in every lane: where its pieces are at most a vector of
-bytes, the axis is split into steps of the pieces' common divisor and the steps unrolled, so each step's
-piece is known, its select folds and its (resized) indices simplify, the column loop kept apart from the
-fused rows (a text detector's FPN upsample-and-concatenate, 1x120x120x24: 0.102 -> 0.013 ms on the Zen 5
-host, one thread, alone); otherwise (one exception to inlining) its pieces are computed into buffers of
-their own first (6.4 -> 0.55 ms before the steps). A concatenation whose pieces do start at multiples of the vector is partitioned instead: the
-innermost loop is cut at the pieces' boundaries into one loop per piece, so that each vector reads one
-piece, contiguously, with no per-lane select of the pieces and its indices simplified (a YOLO C2f block's
-split-add-concatenate, 1x80x80x24 from three 8-channel pieces: 0.24 -> 0.057 ms on a 2-core Emerald
-Rapids, where the pieces read through a flattened view had been gathered a byte at a time). Declines functions with
-reductions (those need a rule of their own) and chains that cannot be inlined.
+A concatenation along the innermost axis whose pieces do not start at multiples of the vector (4 pieces
+of 6 channels) would compute every piece in every lane: where its pieces are at most a vector of bytes,
+the axis is split into steps of the pieces' common divisor and the steps unrolled, so each step's piece
+is known, its select folds and its (resized) indices simplify, the column loop kept apart from the fused
+rows (a text detector's FPN upsample-and-concatenate, 1x120x120x24: 0.102 -> 0.013 ms on the Zen 5 host,
+one thread, alone); otherwise (one exception to inlining) its pieces are computed into buffers of their
+own first (6.4 -> 0.55 ms before the steps). A concatenation whose pieces do start at multiples of the
+vector is partitioned instead: the innermost loop is cut at the pieces' boundaries into one loop per
+piece, so that each vector reads one piece, contiguously, with no per-lane select of the pieces and its
+indices simplified (a YOLO C2f block's split-add-concatenate, 1x80x80x24 from three 8-channel pieces:
+0.24 -> 0.057 ms on a 2-core Emerald Rapids, where the pieces read through a flattened view had been
+gathered a byte at a time). Declines functions with reductions (those need a rule of their own) and
+chains that cannot be inlined.
 """
 
 from __future__ import annotations
