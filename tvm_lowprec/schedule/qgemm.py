@@ -192,9 +192,12 @@ def _vectorize_inner(sch, block, lanes):
 
 
 class PackBRule:
-    """Run-time weight packing (:func:`~tvm_lowprec.kernels.build_pack_b`): each block parallel over
-    its outermost loop (batch x panel for the packing). The column-sum block is absent when the
-    activation zero point cancels it (za' = 0)."""
+    """Run-time weight packing (:func:`~tvm_lowprec.kernels.build_pack_b`): each block parallel over its
+    outermost loop (batch x panel for the packing). The column sums run row by row of B, a vector of B's
+    bytes at a time, not down each column with every load a row apart (BERT's 12x64x128 pack 15.9 -> 2.8
+    us on the Zen 5 host, one thread, alone; MiniLM's 12x32x128 1.5 us either way), and the correction
+    from them in vectors. The column-sum block is absent when the activation zero point cancels it (za'
+    = 0)."""
 
     def apply(self, func, spec):
         if func.attrs is None or func.attrs.get("lowprec.op", None) != "pack_b":
@@ -202,7 +205,13 @@ class PackBRule:
         sch = Schedule(func)
         for block in sch.get_child_blocks(sch.get_sblock("root")):
             loops = sch.get_loops(block)
-            sch.parallel(sch.fuse(loops[0], loops[1]) if sch.get(block).name_hint == "B_packed" else loops[0])
+            name = sch.get(block).name_hint
+            if name == "colsum":  # (batch, column, row) -> (batch, row, column): rows of B added in vectors,
+                sch.reorder(loops[0], loops[2], loops[1])  # a vector of B's bytes per step (4 of int32 sums)
+                _vectorize_inner(sch, block, spec.gemm.vector_bits // 8)
+            elif name == "corr":
+                _vectorize_inner(sch, block, spec.gemm.vector_bits // 32)
+            sch.parallel(sch.fuse(loops[0], loops[1]) if name == "B_packed" else loops[0])
         return sch
 
 
