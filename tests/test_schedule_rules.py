@@ -163,6 +163,19 @@ def test_a_concatenation_of_misaligned_pieces(channels, kept, rng):
     _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
 
 
+def test_an_upsample_and_concatenation_keeps_its_column_loop(rng):
+    """Four upsampled 16-channel maps into 64 channels (vector-aligned pieces): the rows fused and
+    parallel, the column loop kept apart (fused with the rows, every pixel would divide its position
+    back into row and column for the resize's indices); exact."""
+    shape = (1, 8, 8, 16)
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, _upsample_concat))
+    sch = ElementwiseRule().apply(func, SPEC)
+    (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "concat" in sch.get(b).name_hint]
+    extents = [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
+    assert extents[:2] == [16, 16]  # rows (batch x height), then the 16 columns
+    _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
+
+
 def test_aligned_concatenation_pieces_are_inlined(rng):
     """16-channel pieces of a 64-channel concatenation (SPPF): each vector reads one piece, nothing kept."""
     from tvm.s_tir import Schedule
