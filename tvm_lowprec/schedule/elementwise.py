@@ -122,15 +122,26 @@ def _pieces_of_misaligned_concats(sch, blocks) -> set[str]:
     return kept
 
 
-def _partitionable(stmt, var, extent: int) -> bool:
-    """A concatenation along ``var`` that :func:`_partition_pieces` computes in unrolled steps of its
-    pieces' common divisor (each piece at most a vector of bytes, at most ``_MAX_UNROLL`` steps)."""
+def _piece_sizes(stmt, var, extent: int) -> list[int] | None:
+    """The sizes of the pieces of a concatenation along ``var`` (:func:`_piece_cuts`), or None."""
     cuts = _piece_cuts(stmt, var, extent)
     if not cuts:
-        return False
+        return None
     bounds = [0, *cuts, extent]
-    sizes = [b - a for a, b in zip(bounds, bounds[1:])]
-    return max(sizes) <= _FLAT and extent // math.gcd(*sizes) <= _MAX_UNROLL
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def _step(sizes: list[int], extent: int) -> int | None:
+    """The step :func:`_partition_pieces` unrolls a concatenation of pieces ``sizes`` in (their common
+    divisor), or None: a piece wider than a vector of bytes, or more than ``_MAX_UNROLL`` steps."""
+    step = math.gcd(*sizes)
+    return step if max(sizes) <= _FLAT and extent // step <= _MAX_UNROLL else None
+
+
+def _partitionable(stmt, var, extent: int) -> bool:
+    """A concatenation along ``var`` that :func:`_partition_pieces` computes in unrolled steps."""
+    sizes = _piece_sizes(stmt, var, extent)
+    return sizes is not None and _step(sizes, extent) is not None
 
 
 def _piece_cuts(stmt, var, extent: int) -> list[int] | None:
@@ -169,15 +180,13 @@ def _partition_pieces(sch, block) -> bool:
     that start at 0), each piece's vector loop vectorized. False: nothing done."""
     stmt, inner = sch.get(block), sch.get_loops(block)[-1]
     extent = int(sch.get(inner).extent.value)
-    cuts = _piece_cuts(stmt, stmt.iter_vars[-1].var, extent)
-    if not cuts:
+    sizes = _piece_sizes(stmt, stmt.iter_vars[-1].var, extent)
+    if sizes is None:
         return False
-    bounds = [0, *cuts, extent]
-    sizes = [b - a for a, b in zip(bounds, bounds[1:])]
     width = next((v for v in _LANES if all(size % v == 0 for size in sizes)), None)
     if width is None:  # pieces of a few channels (an FPN's 6): steps of their common divisor, unrolled
-        step = math.gcd(*sizes)
-        if max(sizes) > _FLAT or extent // step > _MAX_UNROLL:
+        step = _step(sizes, extent)
+        if step is None:
             return False
         steps, lanes = sch.split(inner, [None, step])
         sch.unroll(steps)  # each step's piece then known: the selects fold, the indices simplify
@@ -292,7 +301,7 @@ def _nest(sch, block) -> bool:
             sch.parallel(outer)
         return True
     stmt = sch.get(block)
-    concat = bool(stmt.iter_vars) and bool(_piece_cuts(stmt, stmt.iter_vars[-1].var, extent))
+    concat = bool(stmt.iter_vars) and _piece_sizes(stmt, stmt.iter_vars[-1].var, extent) is not None
     if len(loops) > 1:
         # a concatenation keeps its column loop: fused, every pixel would divide its position back into
         # row and column for the pieces' (resized) indices (the detector's 1x80x80x48 upsample and

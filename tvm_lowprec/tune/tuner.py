@@ -359,6 +359,17 @@ def _replay(trace, func) -> Schedule:
     return sch
 
 
+def _replay_or_none(record, func) -> Schedule | None:
+    """``record``'s schedule replayed on ``func``, or None (with a warning) where it does not apply:
+    then the default rules schedule the kernel."""
+    try:
+        return _replay(record.trace, func)
+    except Exception as err:  # noqa: BLE001 - a record that does not fit: the default rules
+        log.warning("tuning record for %s does not apply (%s); default schedule", func.attrs.get("global_symbol", "?"),
+                    str(err).splitlines()[-1])
+        return None
+
+
 def _validate(task, target, database, builder, runner, top: int, rounds: int) -> None:
     """Measure the ``top`` fastest schedules so far and the default one again, ``rounds`` times,
     interleaved, and record the times: the medians then decide."""
@@ -430,10 +441,11 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     kernels = _kernels(mod, spec, requant_mode, fast_math)  # the passes run once for both lists
     tasks = extract_tasks(mod, spec, kernels=kernels, others=others)
     skipped = tuple(untunable_kernels(mod, spec, kernels=kernels, others=others))
+    default_build = functools.cache(lambda: _compile(mod, spec, num_threads, False))  # top= and measure_model
     if top is not None:
         if rpc_tracker is not None:
             raise TuningError("top= ranks the kernels by timing them on this host; tune remotely without it")
-        tasks = _slowest(tasks, mod, spec, num_threads, top)
+        tasks = _slowest(tasks, default_build(), top)
     if skipped:
         log.warning("no tensorized search space for %d kernel(s), kept on their default schedules: %s",
                     len(skipped), ", ".join(skipped))
@@ -467,40 +479,42 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
         if _work_left(database, task, trials)[1]:
             _validate(task, target_, database, builder, runner, VALIDATE_TOP, VALIDATE_ROUNDS)
     measured = sum(records_of(database, t.func) for t in tasks) - before
-    model_ms = _model_before_after(mod, spec, database, num_threads) if measure_model and not rpc_tracker and tasks else None
+    model_ms = None
+    if measure_model and not rpc_tracker and tasks:
+        model_ms = _model_before_after(default_build(), _compile(mod, spec, num_threads, database))
     return TuningResult(database, Path(work_dir), spec.name, tuple(_summary(database, t, target_) for t in tasks), skipped,
                         time.perf_counter() - start, measured, remote=f"{rpc_key}@{rpc_tracker}" if rpc_tracker else None,
                         model_ms=model_ms)
 
 
-def _slowest(tasks, mod, spec, num_threads, top: int) -> list:
-    """The tasks serving at least one of the model's ``top`` slowest kernels, slowest first."""
+def _compile(mod, spec, num_threads, database):
     import tvm_lowprec
 
+    return tvm_lowprec.compile(mod, spec, num_threads=num_threads, database=database)
+
+
+def _slowest(tasks, compiled, top: int) -> list:
+    """The tasks serving at least one of the model's ``top`` slowest kernels (``compiled``: the model
+    on its default schedules), slowest first."""
     from ..compiled import random_inputs
 
-    compiled = tvm_lowprec.compile(mod, spec, num_threads=num_threads, database=False)
     rank = {r["name"]: i for i, r in enumerate(compiled.profile(random_inputs(compiled), repeat=2, isolated=True))}
     chosen = [t for t in tasks if any(rank.get(k, top) < top for k in t.kernels or (t.name,))]
     return sorted(chosen, key=lambda t: min(rank.get(k, top) for k in t.kernels or (t.name,)))
 
 
-def _model_before_after(mod, spec, database, num_threads) -> tuple[float, float] | None:
-    """(default, tuned) ms of one call of the whole model, TVM's time evaluator, interleaved rounds;
-    None where the model has a dynamic input."""
-    import tvm_lowprec
-
+def _model_before_after(default, tuned) -> tuple[float, float] | None:
+    """(default, tuned) ms of one call of the whole model (two builds of it), TVM's time evaluator,
+    interleaved rounds; None where the model has a dynamic input."""
     from ..bench.timing import Timing, compiled_loop, measure_interleaved
     from ..compiled import random_inputs
     from ..errors import InputError
 
-    built = {name: tvm_lowprec.compile(mod, spec, num_threads=num_threads, database=db)
-             for name, db in (("default", False), ("tuned", database))}
     try:
-        inputs = random_inputs(built["default"])
+        inputs = random_inputs(default)
     except InputError:
         return None
-    loops = {name: compiled_loop(c, inputs) for name, c in built.items()}
+    loops = {"default": compiled_loop(default, inputs), "tuned": compiled_loop(tuned, inputs)}
     times = measure_interleaved(loops, Timing(min_time=0.05, repeat=5, budget=None))
     return times["default"].seconds * 1e3, times["tuned"].seconds * 1e3
 
@@ -617,15 +631,7 @@ def database_lookup(database, spec, num_threads: int | None = None):
         best = _best(_records(database, func), mod["main"])
         # no record of its own: a kernel differing only in its constants
         record = best[0] if best else by_key().get(schedule_key(func))
-        if record is None:
-            return None
-        try:
-            sch = _replay(record.trace, func)
-        except Exception as err:  # noqa: BLE001 - a record that does not fit: the default rules
-            log.warning("tuning record for %s does not apply (%s); default schedule", func.attrs.get("global_symbol", "?"),
-                        str(err).splitlines()[-1])
-            return None
-        return sch
+        return _replay_or_none(record, func) if record is not None else None
 
     def _tuned_other(func):
         """A non-GEMM kernel's best record, or None where it has none or the rule's schedule is best."""
@@ -636,11 +642,6 @@ def database_lookup(database, spec, num_threads: int | None = None):
         best = _best(records, _normalize_mod(func)["main"], default=default)
         if best is None or str(best[0].trace) == default:
             return None
-        try:
-            return _replay(best[0].trace, func)
-        except Exception as err:  # noqa: BLE001 - a record that does not fit: the default rules
-            log.warning("tuning record for %s does not apply (%s); default schedule", func.attrs.get("global_symbol", "?"),
-                        str(err).splitlines()[-1])
-            return None
+        return _replay_or_none(best[0], func)
 
     return tuned
