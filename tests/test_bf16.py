@@ -304,6 +304,23 @@ def test_native_keeps_the_recipe_only_where_the_host_has_it(monkeypatch):
     assert targets.host_supports(native) and not targets.host_supports(VNNI)  # the row's build may call vdpbf16ps
 
 
+@pytest.mark.parametrize("cpu", ["rocketlake", "x86-64"])
+def test_native_switches_on_its_kernels_features_whatever_cpu_llvm_names(monkeypatch, rng, cpu):
+    """A 2-core KVM Xeon with AMX and AVX512_BF16 (family 6, model 167) is "rocketlake" to LLVM, which has
+    no AVX512_BF16: with only that mcpu, the bf16 GEMM's vdpbf16ps aborted LLVM ("Do not know how to
+    split this operator's operand!"). The native target names its kernels' features itself."""
+    monkeypatch.setattr(targets, "host_features", lambda: targets.cpuinfo_features(XEON_FLAGS))
+    monkeypatch.setattr(tvm.target.codegen, "llvm_get_system_cpu", lambda: cpu)
+    native = targets.native_target()
+    assert native.llvm["mcpu"] == cpu and native.bf16 == VNNI.bf16
+    enabled = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(native.tvm_target())}
+    assert set(native.code_features) <= enabled
+    fmt = "float8_e4m3fn"
+    model = _model(fmt, _weights(fmt, 40, 24, rng), _scale("channel", 24), (3, 40))
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=native)
+    assert _bf16_kernels(compiled) and "vdpbf16ps" in compiled.inspect_source("asm")
+
+
 # ------------------------------------------------------------------------------ PTQ: QuantSpec("bfloat16")
 
 

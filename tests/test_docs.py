@@ -185,14 +185,16 @@ def test_page_runs(path, tmp_path):
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(spec)], cwd=tmp_path, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
         try:
             proc.wait(timeout=PAGE_TIMEOUT)
         except subprocess.TimeoutExpired:
-            pass
+            timed_out = True
         finally:
             _kill_group(proc.pid)
             proc.wait()
     output = log.read_text()
     failed = re.findall(r"^FAILED: .*$", output, flags=re.M)
-    where = failed[-1] if failed else f"the page did not finish within {PAGE_TIMEOUT} s" if proc.returncode < 0 else ""
+    where = (failed[-1] if failed else f"the page did not finish within {PAGE_TIMEOUT} s" if timed_out
+             else f"the page's process died of signal {-proc.returncode}" if proc.returncode < 0 else "")
     assert proc.returncode == 0, f"{path.name}: {where}\n\n{output[-6000:]}"

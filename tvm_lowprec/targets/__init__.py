@@ -79,9 +79,14 @@ def native_target() -> TargetSpec:
             import tvm
 
             cpu = tvm.target.codegen.llvm_get_system_cpu()
-            llvm = {"kind": "llvm", "mcpu": cpu}
+            derived = spec.for_cpu(host)
+            # LLVM names the CPU from its family and model, which a hypervisor or a CPU newer than the
+            # LLVM may misreport (a 2-core KVM Xeon with AMX and AVX512_BF16 reads "rocketlake", which
+            # has neither): the features this spec's kernels use are switched on by name, so its
+            # code never needs the CPU name to imply them (vdpbf16ps on "rocketlake" aborted LLVM)
+            llvm = {"kind": "llvm", "mcpu": cpu, "mattr": [f"+{f}" for f in derived.code_features]}
             # every row field carried over (a new field reaches ``native`` without an edit here)
-            return dataclasses.replace(spec.for_cpu(host), name=f"native({spec.name})", llvm=llvm, aliases=(),
+            return dataclasses.replace(derived, name=f"native({spec.name})", llvm=llvm, aliases=(),
                                        description=f"this host ({cpu}) via {spec.name}", base=spec.name)
     raise RuntimeError(
         "no registered target fits this CPU (need at least AVX2); host flags: "
