@@ -191,11 +191,14 @@ def test_function_of_two_tensors_is_not_a_table(rng):
     assert not _lookups(compiled)
 
 
-def test_a_chain_after_a_requantizing_concatenation_starts_at_its_codes(rng):
+def test_a_chain_after_a_requantizing_concatenation_runs_on_each_piece(rng):
     """A YOLO head's class scores: two 8-bit tensors with their own scales concatenated (requantized
-    into one scale), then ``Sigmoid`` with its Q/DQ pair, then a float output. Walking back from the
-    sigmoid's quantize, the chain reaches the concatenation (two tensors: no table), so it starts at
-    the concatenation's codes: one lookup, no float sigmoid left; exact against onnx.reference."""
+    into one scale), then ``Sigmoid`` with its Q/DQ pair, then a float output. The requantization and
+    the chain after the concatenation move onto its pieces (:mod:`tvm_lowprec.quant.through_concat`),
+    so each piece's requantize-sigmoid-quantize is one table of its own codes: a lookup per piece
+    (5 operators folded), no float sigmoid left, and the concatenation copies codes (and dequantizes
+    them for the float output); exact against onnx.reference. (Before, the pieces' requantization
+    stayed in the concatenation's kernel and the chain started at the concatenated codes.)"""
     consts = {"s1": np.float32(0.04), "s2": np.float32(0.06), "sc": np.float32(0.05), "so": np.float32(1 / 255),
               "z1": np.uint8(120), "z2": np.uint8(130), "zc": np.uint8(128), "zo": np.uint8(0)}
     nodes = [helper.make_node("DequantizeLinear", ["a", "s1", "z1"], ["da"]),
@@ -209,7 +212,9 @@ def test_a_chain_after_a_requantizing_concatenation_starts_at_its_codes(rng):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 10
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
-    assert len(_lookups(compiled)) == 1 and "sigmoid" not in _float_ops(compiled), compiled.kernels()
+    lookups = _lookups(compiled)
+    assert sorted(k.shape for k in lookups) == [(3 * 64,), (5 * 64,)], compiled.kernels()
+    assert all(k.folded == 5 for k in lookups) and "sigmoid" not in _float_ops(compiled), compiled.kernels()
     a, b = (rng.integers(0, 256, (1, c, 64)).astype(np.uint8) for c in (3, 5))
     want = ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0]
     np.testing.assert_array_equal(compiled(a, b)[0], want)

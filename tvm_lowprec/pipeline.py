@@ -5,7 +5,8 @@
    then data movement kept in the integer domain (:mod:`~tvm_lowprec.quant.fold_qdq`), the
    convolutions' NHWC layout carried through the layers between them
    (:mod:`~tvm_lowprec.quant.propagate_layout`), softmax and layer norm of 8-bit tensors as 8-bit
-   kernels (:mod:`~tvm_lowprec.quant.row_ops`), float functions of one 8-bit tensor (Sigmoid,
+   kernels (:mod:`~tvm_lowprec.quant.row_ops`), element-wise chains after a concatenation moved onto
+   its pieces (:mod:`~tvm_lowprec.quant.through_concat`), float functions of one 8-bit tensor (Sigmoid,
    SiLU, GELU) as 256-entry tables (:mod:`~tvm_lowprec.quant.lookup_tables`), adds and multiplies of two
    8-bit tensors as int32 fixed point on the codes (:mod:`~tvm_lowprec.quant.integer_binary`), then the float32 matmuls and
    convolutions left with constant weights as packed FMA kernels (:mod:`~tvm_lowprec.quant.float_gemm`),
@@ -35,6 +36,7 @@ from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
 from .quant.qdq_to_integer import rewrite_module
 from .quant.row_ops import row_ops_module
+from .quant.through_concat import through_concat_module
 from .quant.weight_only import weight_only_module
 from .schedule import schedule_func
 
@@ -83,7 +85,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     ``weight_only``: a :class:`~tvm_lowprec.quant.weight_only.WeightOnlyConfig` (default: float activations)."""
     mod = weight_only_module(mod, spec, weight_only)
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
-    mod = integer_binary_module(lookup_tables_module(row_ops_module(mod), spec))
+    mod = integer_binary_module(lookup_tables_module(through_concat_module(row_ops_module(mod)), spec))
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)

@@ -7,7 +7,7 @@ expand_dims, flatten, max pooling: they commute with the monotone dequantize), a
 outputs are quantized back with the same parameters (a YOLO C2f block's ``Split``, each output with its
 Q/DQ pair) splits the codes: ``quantize(split(dequantize(x))[i])`` becomes ``split(x)[i]``, the integer
 split emitted once for all its outputs (a float split left for other uses is removed as dead code).
-A quantized concatenation of feature maps (4-D) is a concatenation of quantized pieces, ``quantize(concat(pieces))`` becomes
+A quantized concatenation (of data, not of constants) is a concatenation of quantized pieces, ``quantize(concat(pieces))`` becomes
 ``concat([quantize(p) for p in pieces])`` (per-tensor parameters: the same values), so that each piece
 folds on its own: a piece dequantized with the output's parameters is copied as codes, another is a
 requantization of one tensor (a table lookup, :mod:`~tvm_lowprec.quant.lookup_tables`). A resize with
@@ -29,7 +29,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .patterns import call_of, constant, dtype_of, first_call, mutate_relax_functions, static_shape
+from .patterns import call_of, constant, dtype_of, first_call, mutate_relax_functions, reads_an_input, static_shape
 
 MOVEMENT_OPS = ("reshape", "permute_dims", "squeeze", "expand_dims", "flatten", "nn.max_pool2d", "image.resize2d")
 
@@ -106,9 +106,9 @@ class _Folder(relax.PyExprMutator):
             fields = lookup(fields)
         if not isinstance(fields, relax.Tuple):
             return None
-        if any(len(static_shape(f) or ()) != 4 for f in fields.fields):
-            # feature maps only: pieces of a YOLO head's (2, N) anchor grid computed from the image's
-            # shape, distributed, made FoldConstant's LLVM build abort ("Do not know how to split")
+        if not all(reads_an_input(f, lookup) for f in fields.fields):
+            # data only: pieces of a YOLO head's (2, N) anchor grid, computed from the image's shape
+            # alone, distributed, made FoldConstant's LLVM build abort ("Do not know how to split")
             return None
         pieces = [self.builder_.emit(self._fold(relax.op.quantize(f, call.args[1], call.args[2], -1, str(call.attrs.out_dtype))))
                   for f in fields.fields]

@@ -255,6 +255,24 @@ def mutate_relax_functions(mod, mutator):
     return mutator.builder_.get()
 
 
+def reads_an_input(expr, lookup, seen=None) -> bool:
+    """Whether ``expr`` depends on a parameter of the function (not on constants and shapes alone)."""
+    seen = set() if seen is None else seen
+    if isinstance(expr, relax.Var):
+        if expr in seen:
+            return False
+        seen.add(expr)
+        bound = lookup(expr)
+        return True if bound is None else reads_an_input(bound, lookup, seen)
+    if isinstance(expr, relax.Tuple):
+        return any(reads_an_input(f, lookup, seen) for f in expr.fields)
+    if isinstance(expr, relax.TupleGetItem):
+        return reads_an_input(expr.tuple_value, lookup, seen)
+    if isinstance(expr, relax.Call):
+        return any(reads_an_input(a, lookup, seen) for a in expr.args)
+    return False
+
+
 def bindings(func) -> list:
     """The var bindings of a Relax function's body, in order."""
     return [b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
