@@ -48,6 +48,7 @@ from .patterns import (
     mutate_relax_functions,
     op,
     static_shape,
+    use_counts,
 )
 
 _ACTS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh"}
@@ -86,15 +87,6 @@ class _Chain:
     act: str = "none"
 
 
-def _use_counts(func) -> dict:
-    counts: dict = {}
-    values = [b.value for block in func.body.blocks for b in block.bindings] + [func.body.body]
-    for value in values:
-        for var in relax.analysis.free_vars(value):
-            counts[var] = counts.get(var, 0) + 1
-    return counts
-
-
 def _bias_of(call, var, lookup, width: int, conv: bool) -> np.ndarray | None:
     """The constant other operand of ``add(var, c)`` when it is a bias along the output channels."""
     if not call.op.same_as(op("relax.add")):
@@ -118,7 +110,7 @@ def find_chains(func, is_head) -> dict:
     for var, value in bound.items():
         for used in relax.analysis.free_vars(value):
             users.setdefault(used, []).append(var)
-    counts = _use_counts(func)
+    counts = use_counts(func)
     chains: dict = {}
     for var, value in bound.items():
         width = is_head(value) if isinstance(value, relax.Call) else None

@@ -33,7 +33,7 @@ from tvm.ir.prim.expr import FloatImm, IntImm
 
 from ..kernels.lookup import build_lookup
 from .legalize import LEGALIZE
-from .patterns import bindings as function_bindings, dtype_of, static_shape
+from .patterns import bindings as function_bindings, dtype_of, is_scalar_constant, static_shape
 
 ELEMENTWISE = frozenset(
     f"relax.{name}"
@@ -57,11 +57,6 @@ class _Chain:
     ops: int  # element-wise operators folded (its quantizes and dequantizes included)
 
 
-def _is_scalar_constant(expr) -> bool:
-    shape = static_shape(expr) if isinstance(expr, tvm.ir.expr.Constant) else None
-    return shape is not None and int(np.prod(shape)) == 1
-
-
 class _ChainBuilder:
     """Walks back from a quantize through element-wise bindings; rebuilds the chain over ``param``."""
 
@@ -72,7 +67,7 @@ class _ChainBuilder:
     def rebuild(self, expr):
         if isinstance(expr, (FloatImm, IntImm)):
             return expr  # a scalar operand written as a literal (clip's bounds)
-        if _is_scalar_constant(expr):
+        if is_scalar_constant(expr):
             return relax.const(np.asarray(expr.value.numpy()).reshape(()))
         if isinstance(expr, relax.Var):  # a DAG: a value read twice is rebuilt (and counted) once
             if expr not in self.memo:

@@ -255,6 +255,22 @@ def mutate_relax_functions(mod, mutator):
     return mutator.builder_.get()
 
 
+def use_counts(func) -> dict:
+    """var -> the number of binding values (and the function's result) of ``func`` that read it."""
+    counts: dict = {}
+    values = [b.value for block in func.body.blocks for b in block.bindings] + [func.body.body]
+    for value in values:
+        for var in relax.analysis.free_vars(value):
+            counts[var] = counts.get(var, 0) + 1
+    return counts
+
+
+def is_scalar_constant(expr) -> bool:
+    """A constant tensor of one element (a per-tensor scale or zero point, a literal operand)."""
+    shape = static_shape(expr) if isinstance(expr, tvm.ir.expr.Constant) else None
+    return shape is not None and int(np.prod(shape)) == 1
+
+
 def reads_an_input(expr, lookup, seen=None) -> bool:
     """Whether ``expr`` depends on a parameter of the function (not on constants and shapes alone)."""
     seen = set() if seen is None else seen

@@ -21,44 +21,17 @@ Runs after :mod:`~tvm_lowprec.quant.row_ops` and before :mod:`~tvm_lowprec.quant
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir.prim.expr import FloatImm, IntImm
 
 from .lookup_tables import ELEMENTWISE
-from .patterns import bindings, call_of, reads_an_input, static_shape
+from .patterns import call_of, is_scalar_constant, reads_an_input, use_counts
 
 
 def _is_scalar(expr) -> bool:
-    if isinstance(expr, (FloatImm, IntImm, tvm.ir.expr.StringImm)):
-        return True  # a literal operand (clip's bounds)
-    if isinstance(expr, tvm.ir.expr.Constant):
-        shape = static_shape(expr)
-        return shape is not None and int(np.prod(shape)) == 1
-    return False
-
-
-def _reader_counts(func) -> dict:
-    """How many times each var is read by the function's bindings and its result."""
-    counts: dict = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-        elif isinstance(expr, relax.Tuple):
-            for field in expr.fields:
-                visit(field)
-        elif isinstance(expr, relax.TupleGetItem):
-            visit(expr.tuple_value)
-        elif isinstance(expr, relax.Call):
-            for arg in expr.args:
-                visit(arg)
-
-    for binding in bindings(func):
-        visit(binding.value)
-    visit(func.body.body)
-    return counts
+    """A literal operand (clip's bounds) or a one-element constant."""
+    return isinstance(expr, (FloatImm, IntImm)) or is_scalar_constant(expr)
 
 
 @relax.expr_functor.mutator
@@ -66,7 +39,6 @@ class _Pusher(relax.PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
         self.readers: dict = {}  # of the function being visited
-        self.pushed = 0
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -91,7 +63,6 @@ class _Pusher(relax.PyExprMutator):
             args = list(call.args)
             args[data[0]] = field
             pieces.append(self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args)))
-        self.pushed += 1
         return relax.op.concat(pieces, int(cat.attrs.axis))
 
 
@@ -100,6 +71,6 @@ def through_concat_module(mod):
     pusher = _Pusher(mod)
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            pusher.readers = _reader_counts(func)
+            pusher.readers = use_counts(func)
             pusher.builder_.update_func(gvar, pusher.visit_expr(func))
     return pusher.builder_.get()
