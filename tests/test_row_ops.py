@@ -1,14 +1,20 @@
 """Softmax and layer norm of 8-bit tensors as 8-bit-in, 8-bit-out kernels (tvm_lowprec.quant.row_ops).
-Softmax: integer row maximum, a 256-entry exponential table, float32 sum, division and QuantizeLinear
-rounding. Layer norm: exact integer sums of the row and its squares, float64 row statistics, float32
+Softmax: integer row maximum, exponentials computed in the lanes (or, on a row with a register
+permute, from two 16-entry tables), float32 sum, division and QuantizeLinear rounding. Layer norm: exact integer sums of the row and its squares, float64 row statistics, float32
 per element. Compared with onnx.reference running DequantizeLinear -> op -> QuantizeLinear as written."""
+
+import re
 
 import numpy as np
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import tvm_lowprec
+from tvm_lowprec.emulation import execution_mode, load_emulated
+
+from conftest import TARGETS, kernel_module
 
 ONNX_TYPE = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
 
@@ -183,3 +189,88 @@ def test_the_computed_exponential_is_within_two_ulp_of_numpy(scale):
     ulps = np.abs(got[normal].view(np.int32).astype(np.int64) - want[normal].view(np.int32).astype(np.int64))
     assert ulps.max() <= 2, (ulps.max(), steps[normal][ulps.argmax()])
     assert np.all((got[~normal] == 0) | (np.abs(got[~normal] - want[~normal]) <= np.finfo(np.float32).tiny))
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.011, 0.0625, 0.11, 0.3, 1.0, 3.7, 10.0])
+def test_the_exponential_tables_are_within_two_ulp_of_the_exact_exponential(scale):
+    """``H[d >> 4] * L[d & 15]`` in float32 against ``exp(-s d)`` in float64, rounded, on all 256
+    steps: 2 ulp at most down to 2^-60; 0 or below 2^-60 where the exact value is."""
+    from tvm_lowprec.kernels.qsoftmax import exp_tables
+
+    high, low = exp_tables(scale)
+    d = np.arange(256)
+    got = (high[d >> 4] * low[d & 15]).astype(np.float32)
+    want = np.exp(-float(np.float32(scale)) * d).astype(np.float32)
+    kept = want >= 2.0 ** -60
+    ulps = np.abs(got[kept].view(np.int32).astype(np.int64) - want[kept].view(np.int32).astype(np.int64))
+    assert ulps.max() <= 2, (ulps.max(), d[kept][ulps.argmax()])
+    assert np.all(got[~kept] < 2.0 ** -60)
+    assert np.all((got == 0) | (got >= np.finfo(np.float32).tiny))  # no subnormal product
+
+
+def _softmax_reference(x, axis, scale, out_scale, zero_point, qmin, qmax):
+    """The float softmax of the dequantized codes (float64), quantized: what every kernel is within one
+    step of."""
+    f = x.astype(np.float64) * float(np.float32(scale))
+    p = np.exp(f - f.max(axis=axis, keepdims=True))
+    p /= p.sum(axis=axis, keepdims=True)
+    return np.clip(np.rint(p / out_scale) + zero_point, qmin, qmax)
+
+
+PERMUTE_ROWS = [spec for spec in TARGETS if getattr(spec, "register_permute", None) is not None]
+SOFTMAX_SHAPES = {"dfl-bins": ((1, 16, 4, 64), 1, 0.3), "attention-row": ((2, 3, 128), -1, 0.11), "two-axes-out": ((3, 4, 2, 32), 2, 0.05)}
+
+
+@pytest.mark.parametrize("in_dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("case", list(SOFTMAX_SHAPES))
+@pytest.mark.parametrize("spec", PERMUTE_ROWS, ids=lambda s: s.name)
+def test_a_row_with_a_register_permute_takes_the_softmax_exponentials_from_its_tables(spec, case, in_dtype, rng):
+    """Every row with a register permute (the row's data: ``vpermps`` zmm or ymm): the softmax is the
+    vector kernel, the permute is in the assembly, and the results equal the scheduled kernel's (the
+    polynomial exponentials) but where an exponential 2 ulp apart crosses a rounding boundary, within
+    one step of the float softmax everywhere; run natively and emulated (the row's semantics)."""
+    from tvm_lowprec.kernels.qsoftmax import build_qsoftmax
+    from tvm_lowprec.schedule import schedule_func
+    from tvm_lowprec.schedule.rows import RowOpRule
+
+    shape, axis, scale = SOFTMAX_SHAPES[case]
+    func = build_qsoftmax(shape, in_dtype, scale, "uint8", 1 / 256, 0, 0, 255, axis=axis)
+    vectors = schedule_func(func, spec).mod["main"]
+    assert vectors.attrs["lowprec.exp"] == f"table_{spec.register_permute.name}"
+    lib = tvm.compile(tvm.IRModule({"main": vectors}), target=spec.tvm_target(2)).mod
+    assert re.search(spec.register_permute.asm, lib.inspect_source("asm"))
+    scheduled = tvm.compile(RowOpRule().apply(func, spec).mod, target=spec.tvm_target(2)).mod
+    info = np.iinfo(in_dtype)
+    x = rng.integers(info.min, info.max + 1, shape).astype(in_dtype)
+    x.reshape(-1)[:256] = np.arange(info.min, info.max + 1)  # every code, every step below a maximum
+    want = _softmax_reference(x, axis, scale, 1 / 256, 0, 0, 255)
+    runs = [False, True] if execution_mode(spec) == "native" else [True]
+    outputs = []
+    for emulate in runs:
+        plain = load_emulated(scheduled)[0] if emulate else scheduled  # no target intrinsic to replace
+        for module in (kernel_module(lib, spec, emulate=emulate), plain):
+            args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros(shape, "uint8"))]
+            module["main"](*args)
+            outputs.append(args[1].numpy().astype(int))
+    for got in outputs:
+        assert np.abs(got - want).max() <= 1
+    for k in range(0, len(outputs), 2):
+        assert np.mean(outputs[k] != outputs[k + 1]) < 1e-3
+    assert len(np.unique(outputs[0])) > 20
+
+
+def test_a_row_without_a_register_permute_or_a_shape_the_vectors_do_not_fit_keeps_the_scheduled_softmax():
+    """The Arm rows (no ``register_permute``) and a row of 37 elements on an x86 row: the row rule's
+    kernel, exponentials computed."""
+    from tvm_lowprec.kernels.qsoftmax import build_qsoftmax
+    from tvm_lowprec.schedule.softmax_vectors import VectorSoftmaxRule
+
+    fits = build_qsoftmax((2, 3, 128), "uint8", 0.1, "uint8", 1 / 256, 0, 0, 255)
+    for spec in TARGETS:
+        if spec.device != "cpu":
+            continue
+        taken = VectorSoftmaxRule().apply(fits, spec) is not None
+        assert taken == (spec.register_permute is not None), spec.name
+    odd = build_qsoftmax((2, 3, 37), "uint8", 0.1, "uint8", 1 / 256, 0, 0, 255)
+    assert all(VectorSoftmaxRule().apply(odd, spec) is None for spec in PERMUTE_ROWS)
+    assert PERMUTE_ROWS, "no x86 row has a register permute"

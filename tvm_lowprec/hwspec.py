@@ -258,6 +258,32 @@ class LookupIntrin:
 
 
 @dataclass(frozen=True)
+class RegisterPermute:
+    """A permute of float32 lanes by a vector of lane indices (``vpermps`` zmm/ymm): ``lanes`` table
+    entries held in one register, looked up for ``lanes`` indices at once, which makes a 16-entry
+    float table a lookup of one or two registers instead of a gather (the exponentials of the 8-bit
+    softmax: :mod:`tvm_lowprec.intrin.permute`).
+
+    ``llvm``: the LLVM intrinsic, ``(table <lanes x float>, idx <lanes x i32>)``, reading each index's
+    low ``log2(lanes)`` bits; ``emulation``: its semantics (:mod:`.intrin.semantics`); ``asm``: a
+    regular expression matching it, with its registers, in the assembly (LLVM may pick the integer
+    form, ``vpermd``, of the same permute).
+    """
+
+    name: str
+    lanes: int
+    llvm: str
+    features: tuple[str, ...] = ()
+    emulation: Mapping[str, object] = field(default_factory=dict)
+    asm: str = ""
+    why: str = ""
+
+    def __post_init__(self):
+        if self.lanes not in (4, 8, 16):
+            raise ValueError(f"{self.name}: {self.lanes} float32 lanes is not a register")
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A compilation target: the LLVM target, what the CPU must have, and the GEMM recipe."""
 
@@ -301,6 +327,9 @@ class TargetSpec:
     # Cascade Lake, in Ice Lake and Zen 4/5), dropped by :meth:`for_cpu` where the CPU lacks it
     lookup: LookupIntrin | None = None
     wide_lookup: LookupIntrin | None = None
+    # float32 lanes permuted by lane indices (the 8-bit softmax's exponentials from two 16-entry
+    # tables); None: the softmax computes them (a polynomial) in the lanes
+    register_permute: RegisterPermute | None = None
 
     device = "cpu"  # class constant (not a field): what selects the schedule rules and the lowering
     optional = ("bf16", "wide_lookup")  # class constant: the recipes whose features a CPU of the row may lack
@@ -379,8 +408,9 @@ class TargetSpec:
         return self.wide_lookup or self.lookup
 
     def _check_lookup(self):
-        if self.lookup is not None and not set(self.lookup.features) <= set(self.features):
-            raise ValueError(f"{self.name}: lookup {self.lookup.name} needs {sorted(set(self.lookup.features) - set(self.features))}")
+        for row in (self.lookup, self.register_permute):
+            if row is not None and not set(row.features) <= set(self.features):
+                raise ValueError(f"{self.name}: {row.name} needs {sorted(set(row.features) - set(self.features))}")
 
     def recipes(self) -> tuple[GemmRecipe, ...]:
         """In the order they are tried; the last one accepts every weight."""

@@ -172,6 +172,24 @@ class ByteShuffleSemantics:
                          + [f"  {line}" for line in body] + ["}", ""])
 
 
+@dataclass(frozen=True)
+class FloatPermuteSemantics:
+    """``@llvm.x86.avx512.permvar.sf.512`` / ``@llvm.x86.avx2.permps(table, idx)`` (VPERMPS): lane
+    ``i`` of the result is lane ``idx[i] & (lanes - 1)`` of ``table``."""
+
+    lanes: int
+
+    def llvm_ir(self, name: str) -> str:
+        n, v, iv = self.lanes, f"<{self.lanes} x float>", f"<{self.lanes} x i32>"
+        body = [f"%r0 = fadd {v} zeroinitializer, zeroinitializer"]
+        for i in range(n):
+            body += [f"%i{i} = extractelement {iv} %idx, i32 {i}", f"%m{i} = and i32 %i{i}, {n - 1}",
+                     f"%e{i} = extractelement {v} %table, i32 %m{i}", f"%r{i + 1} = insertelement {v} %r{i}, float %e{i}, i32 {i}"]
+        body.append(f"ret {v} %r{n}")
+        return "\n".join([f"define internal {v} @{name}({v} %table, {iv} %idx) alwaysinline {{"]
+                         + [f"  {line}" for line in body] + ["}", ""])
+
+
 # Target intrinsics that TVM's own codegen writes for some rows (not a tensor intrinsic's impl): part
 # of what :func:`tvm_lowprec.emulation.known_semantics` knows, so those builds run emulated too.
 CODEGEN_SEMANTICS = {"llvm.x86.avx512.mask.vcvtph2ps.512": HalfToFloatSemantics()}

@@ -274,10 +274,13 @@ def requantize(acc, ep: Epilogue, mult, shift=None):
 
 
 def quantize_linear(y, scale: float, zero_point: int, qmin: int, qmax: int, out_dtype: str):
-    """ONNX QuantizeLinear of a float32 TE value: ``clamp(rint(y / scale) + zero_point)``, half to even."""
+    """ONNX QuantizeLinear of a float32 TE value (or vector): ``clamp(rint(y / scale) + zero_point)``, half to even."""
     sy, zy = tirx.const(np.float32(scale), "float32"), tirx.const(float(zero_point), "float32")
     q = tirx.round(y / sy) + zy  # LLVM nearbyint: half to even
-    return tirx.max(tirx.min(q, float(qmax)), float(qmin)).astype("int32").astype(out_dtype)
+    q = tirx.max(tirx.min(q, float(qmax)), float(qmin))
+    ty = str(q.ty)  # a vector (float32x16): the casts keep its lanes
+    lanes = ty[ty.index("x"):] if "x" in ty else ""
+    return q.astype("int32" + lanes).astype(out_dtype + lanes)
 
 
 def _requant_float(x, mult, ep: Epilogue):

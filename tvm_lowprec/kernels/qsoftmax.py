@@ -13,6 +13,14 @@ float tensor is read or written: the kernel reads the 8-bit scores and writes th
 A 256-entry table of the exponentials (the first form of this kernel) costs a gather per element:
 ``vgatherdps`` at best, which made the attention softmax of a BERT-base layer (1x12x128x128) 0.19 ms
 on the Zen 5 host at one thread against 0.06 ms computed.
+
+Where the row has a register permute (:class:`~tvm_lowprec.hwspec.RegisterPermute`, ``vpermps``),
+:func:`build_qsoftmax_vectors` writes the same kernel with the exponentials from two 16-entry tables
+held in registers (:mod:`tvm_lowprec.intrin.permute`): the same row maximum, sums in the same order,
+the same division and quantization, exponentials within 2 ulp of the exact ones. It is written as
+vector code (each row's, or each vector of rows', values bound once, the loop over the reduced axis
+unrolled) and needs no schedule; :class:`~tvm_lowprec.schedule.softmax_vectors.VectorSoftmaxRule`
+picks it (per-kernel figures: ``benchmarks/results/xeon-amx-2core/profiles-2026-12-03.md``).
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ import math
 
 import numpy as np
 from tvm import te, tirx
+from tvm.s_tir import SBlock, SBlockRealize
 
+from ..intrin.permute import TABLE, table_lookup
 from .qgemm import quantize_linear
 
 
@@ -78,5 +88,119 @@ def build_qsoftmax(shape, in_dtype: str, in_scale: float, out_dtype: str, out_sc
 
     y = te.compute(shape, out, name="out")
     func = te.create_prim_func([x, y])
-    attrs = {"lowprec.op": "qsoftmax", "op_pattern": 8, "lowprec.axis": axis}
+    attrs = {"lowprec.op": "qsoftmax", "op_pattern": 8, "lowprec.axis": axis,
+             "lowprec.softmax": [float(in_scale), float(out_scale), int(out_zero_point), int(qmin), int(qmax)]}
     return func.with_attr("global_symbol", name).with_attrs(attrs)
+
+
+_MAX_UNROLLED = 64  # vectors per work item: a longer row (or more bins) keeps the scheduled kernel
+_MIN_PARALLEL = 1 << 12  # elements: below this the work items run serially (a fork costs more)
+_TINY = 2.0 ** -60  # table entries below this are 0: the exponentials they make are below it too, which a
+# sum with its maximum's exp(0) = 1 cannot see, and no product of two kept entries is subnormal
+
+
+def exp_tables(scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """``H[h] = exp(-16 s h)`` and ``L[l] = exp(-s l)`` (``s`` the float32 ``scale``), float64 rounded
+    to float32: ``exp(-s d) = H[d >> 4] * L[d & 15]`` for ``d`` in 0..255. Entries below 2^-60 are 0,
+    so a product is 0 only where the exponential is below 2^-60 and never subnormal (a subnormal
+    multiply costs a microcode assist on Intel cores)."""
+    s = float(np.float32(scale))
+    high = np.exp(-s * TABLE * np.arange(TABLE)).astype(np.float32)
+    low = np.exp(-s * np.arange(TABLE)).astype(np.float32)
+    for table in (high, low):
+        table[table < _TINY] = 0
+    return high, low
+
+
+def _opaque(value):
+    """``value``, through an identity that TVM's simplifier does not inline (LLVM's ``ssa.copy``): a
+    value bound once and read by every vector of the row stays one value, where inlining it into each
+    reader made the statement simplifier's work grow with the square of the row's vectors (a row of
+    128 on ymm: 53 s to compile)."""
+    return tirx.call_llvm_intrin(str(value.ty), "llvm.ssa.copy", value)
+
+
+def build_qsoftmax_vectors(func, permute):
+    """The softmax ``func`` (:func:`build_qsoftmax`) as vector code with the exponentials from
+    :func:`exp_tables` looked up by ``permute`` (a :class:`~tvm_lowprec.hwspec.RegisterPermute`), or
+    None where its shape does not fit the vectors: the last axis must be a multiple of
+    ``permute.lanes`` and the vectors of a work item at most 64. Along the last axis one work item is a
+    row, the lanes along it; along another axis one work item is ``lanes`` positions along the last
+    axis, one vector per bin."""
+    x_buf, y_buf = func.params
+    shape = [int(v) for v in x_buf.shape]
+    axis = int(func.attrs["lowprec.axis"])
+    in_scale, out_scale, zero_point, qmin, qmax = func.attrs["lowprec.softmax"]
+    lanes = permute.lanes
+    n, last = shape[axis], shape[-1]
+    along_row = axis == len(shape) - 1
+    vectors = n // lanes if along_row else n
+    if last % lanes or vectors > _MAX_UNROLLED:
+        return None
+    high, low = exp_tables(float(in_scale))
+    vec = f"x{lanes}"
+    splat = lambda v, dtype: tirx.Broadcast(tirx.const(v, dtype), lanes)  # noqa: E731
+    x = tirx.decl_buffer(shape, x_buf.dtype, "x")
+    y = tirx.decl_buffer(shape, y_buf.dtype, "y")
+    item = tirx.Var("item", "int32")
+    stmts = []
+
+    def bind(name, value):
+        var = tirx.Var(name, value.ty)
+        stmts.append(tirx.Bind(var, value))
+        return var
+
+    # the work items: every axis but the softmax's and the last, and the last in vectors of ``lanes``
+    # (along the last axis: the rows, each whole)
+    extents = [e for i, e in enumerate(shape[:-1]) if i != axis] + ([] if along_row else [last // lanes])
+    index, rest = [], item
+    for e in reversed(extents):
+        index.insert(0, rest % e)
+        rest = rest // e
+    if along_row:  # vector k holds elements k*lanes .. of the row
+        at = lambda k: [*index, tirx.Ramp(tirx.const(k * lanes, "int32"), 1, lanes)]  # noqa: E731
+    else:  # vector k holds bin k of ``lanes`` positions along the last axis
+        def at(k):
+            spatial = [*index[:-1], tirx.Ramp(index[-1] * lanes, 1, lanes)]
+            return [*spatial[:axis], tirx.const(k, "int32"), *spatial[axis:]]
+    codes = [bind(f"q{k}", tirx.BufferLoad(x, at(k)).astype("int32" + vec)) for k in range(vectors)]
+    top = codes[0]
+    for c in codes[1:]:
+        top = tirx.max(top, c)
+    if along_row:  # the row's maximum from the lanes' maxima, broadcast back
+        lane = lambda v, i: tirx.Shuffle([v], [tirx.IntImm("int32", i)])  # noqa: E731
+        top = bind("lane_max", top)
+        scalar = lane(top, 0)
+        for i in range(1, lanes):
+            scalar = tirx.max(scalar, lane(top, i))
+        top = _opaque(tirx.Broadcast(scalar, lanes))
+    top = bind("top", top)
+
+    def exp(k):  # exp(-s d) = H[d >> 4] * L[d & 15], d = top - q_k (each index bound: the selects read it)
+        d = top - codes[k]
+        high_part = table_lookup(permute, high, bind(f"h{k}", d >> splat(4, "int32")))
+        return high_part * table_lookup(permute, low, bind(f"l{k}", d & splat(15, "int32")))
+
+    exps = [bind(f"e{k}", exp(k)) for k in range(vectors)]
+    total = exps[0]
+    for e in exps[1:]:  # in k order: the scheduled kernel's order (its partial sums per lane)
+        total = total + e
+    if along_row:
+        total = bind("lane_sum", total)
+        scalar = tirx.Shuffle([total], [tirx.IntImm("int32", 0)])
+        for i in range(1, lanes):
+            scalar = scalar + tirx.Shuffle([total], [tirx.IntImm("int32", i)])
+        inverse = _opaque(tirx.Broadcast(tirx.const(1.0, "float32") / (scalar * tirx.const(float(np.float32(out_scale)),
+                                                                                            "float32")), lanes))
+    else:
+        inverse = _opaque(splat(1.0, "float32") / (total * splat(float(np.float32(out_scale)), "float32")))
+    inverse = bind("inverse", inverse)
+    for k in range(vectors):
+        stmts.append(tirx.BufferStore(y, quantize_linear(exps[k] * inverse, 1.0, int(zero_point), int(qmin), int(qmax),
+                                                         str(y_buf.dtype)), at(k)))
+    kind = tirx.ForKind.PARALLEL if math.prod(shape) >= _MIN_PARALLEL else tirx.ForKind.SERIAL
+    body = tirx.For(item, 0, math.prod(extents), kind, tirx.SeqStmt(stmts))
+    body = SBlockRealize([], True, SBlock([], [], [], "root", body))  # what Relax's analyses expect of a PrimFunc
+    attrs = dict(func.attrs)
+    attrs.update({"lowprec.exp": f"table_{permute.name}", "tir.noalias": True})
+    return tirx.PrimFunc([x, y], body).with_attrs(attrs)

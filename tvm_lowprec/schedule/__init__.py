@@ -18,12 +18,13 @@ from .nbits import NbitsGemmRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 from .qgemm16 import QGemm16Rule
 from .rows import RowOpRule
+from .softmax_vectors import VectorSoftmaxRule
 from .strided import StridedReductionRule
 from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
 DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), Bf16GemmRule(), Fp32GemmRule(), Fp32DepthwiseRule(), Fp32MatmulRule(), PackBRule(), Im2colRule(), Col2imRule(),
-                 RowOpRule(), LookupRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
+                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
                  DlightRule(_dlight_cpu.Reduction()))
 
 
@@ -46,4 +47,4 @@ def schedule_func(func, spec, rules=None):
 
 __all__ = ["Bf16GemmRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
            "ElementwiseRule", "Fp32DepthwiseRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
-           "RULES", "RowOpRule", "StridedReductionRule", "WindowReductionRule", "schedule_func"]
+           "RULES", "RowOpRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "schedule_func"]

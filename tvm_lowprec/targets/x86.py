@@ -3,6 +3,7 @@
 from ..hwspec import FmaIntrin, GemmRecipe, TargetSpec, Tile
 from ..intrin.x86 import PMADDUBSW_256, PMADDUBSW_512, PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_512, VPDPWSSD_512
 from ..intrin.lookup import VPERMI2B_ZMM, VPSHUFB_YMM, VPSHUFB_ZMM
+from ..intrin.permute import VPERMPS_YMM, VPERMPS_ZMM
 from ..intrin.x86_bf16 import VDPBF16PS_512
 from ..intrin.x86_nibble import NIBBLE_UBSW_256, NIBBLE_UBSW_512, NIBBLE_VNNI_256, NIBBLE_VNNI_512
 
@@ -166,6 +167,7 @@ X86_TARGETS = (
         fma=_FMA_ZMM,
         bf16=_BF16_ZMM,  # llvm mcpu znver4 has AVX512_BF16; a derived spec keeps it only where its CPU does
         lookup=VPSHUFB_ZMM,
+        register_permute=VPERMPS_ZMM,
         wide_lookup=VPERMI2B_ZMM,  # llvm mcpu znver4 has VBMI; Cascade Lake does not (for_cpu drops it there)
         description="AVX-512 VNNI (Cascade Lake and later, Zen 4/5): vpdpbusd zmm; vdpbf16ps zmm where AVX512_BF16 is",
         aliases=("avx512-vnni", "vnni"),
@@ -182,6 +184,7 @@ X86_TARGETS = (
         int16=_INT16_YMM,
         fma=_FMA_YMM,
         lookup=VPSHUFB_YMM,
+        register_permute=VPERMPS_YMM,
         description="AVX-VNNI without AVX-512 (Alder Lake and later client cores): {vex} vpdpbusd ymm",
     ),
     TargetSpec(
@@ -197,6 +200,7 @@ X86_TARGETS = (
         fma=_FMA_ZMM,
         bounded=(GemmRecipe(PMADDUBSW_512, _UBSW_ZMM_TILES),),
         lookup=VPSHUFB_ZMM,
+        register_permute=VPERMPS_ZMM,
         description="AVX-512BW without VNNI: exact int16 vpmaddwd zmm; vpmaddubsw only for weights proven not to saturate",
     ),
     TargetSpec(
@@ -212,6 +216,7 @@ X86_TARGETS = (
         fma=_FMA_YMM,
         bounded=(GemmRecipe(PMADDUBSW_256, _UBSW_YMM_TILES),),
         lookup=VPSHUFB_YMM,
+        register_permute=VPERMPS_YMM,
         description="AVX2: exact int16 vpmaddwd ymm; vpmaddubsw only for weights proven not to saturate",
     ),
 )
