@@ -4,6 +4,7 @@ from tvm.s_tir.dlight import cpu as _dlight_cpu
 from tvm.s_tir.dlight import gpu as _dlight_gpu
 
 from .bf16_gemm import Bf16GemmRule
+from .byte_transpose import ByteTransposeRule
 from .col2im import Col2imRule
 from .cuda import CudaPackBRule, CudaQGemmRule
 from .depthwise import DepthwiseRule
@@ -24,7 +25,7 @@ from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
 DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), Bf16GemmRule(), Fp32GemmRule(), Fp32DepthwiseRule(), Fp32MatmulRule(), PackBRule(), Im2colRule(), Col2imRule(),
-                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
+                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), ByteTransposeRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
                  DlightRule(_dlight_cpu.Reduction()))
 
 
@@ -45,6 +46,6 @@ def schedule_func(func, spec, rules=None):
     return None
 
 
-__all__ = ["Bf16GemmRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
+__all__ = ["Bf16GemmRule", "ByteTransposeRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
            "ElementwiseRule", "Fp32DepthwiseRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
            "RULES", "RowOpRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "schedule_func"]
