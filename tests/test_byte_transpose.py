@@ -96,3 +96,12 @@ def test_what_is_not_a_2d_transpose_of_codes_is_declined():
     assert _declined(te.create_prim_func([odd, te.compute((7, 6), lambda c, p: odd[p, c], name="t")]))
     short = te.placeholder((4, 8000), "uint8", name="short")  # 4 rows: the strided-store direction, left to LLVM
     assert _declined(te.create_prim_func([short, te.compute((8000, 4), lambda p, c: short[c, p], name="t")]))
+
+
+def test_the_profile_counts_the_bytes_the_transpose_moves():
+    """The kernel reads its views of the buffers; the profile still counts both buffers whole."""
+    from tvm_lowprec.compiled import _traffic
+
+    func, _ = CASES["head-6400x16"]()
+    kernel = schedule_func(func, CPU_ROWS[0]).mod["main"]
+    assert _traffic(kernel) == (6400 * 16, 6400 * 16)

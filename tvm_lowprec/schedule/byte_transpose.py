@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import tvm
 from tvm import tirx
 from tvm.ir.expr import TensorLoad as _Load  # what tirx.BufferLoad makes in TVM 0.27
 from tvm.tirx import expr as E
@@ -197,7 +198,9 @@ def build_byte_transpose(b: int, r: int, s: int, x_param, y_param, name: str):
     kind = tirx.ForKind.PARALLEL if n >= _MIN_PARALLEL else tirx.ForKind.SERIAL
     body = tirx.SeqStmt([tirx.DeclBuffer(x, data=x_param.data), tirx.DeclBuffer(y, data=y_param.data),
                          tirx.For(step, 0, b * row_tiles * col_tiles, kind, tirx.SeqStmt(stmts))])
-    body = SBlockRealize([], True, SBlock([], [], [], "root", body))
+    whole = lambda buf: tirx.BufferRegion(buf, [tvm.ir.Range(0, e) for e in buf.shape])  # noqa: E731
+    # the regions on the root block: what the profile counts as read and written (the body reads views)
+    body = SBlockRealize([], True, SBlock([], [whole(x_param)], [whole(y_param)], "root", body))
     return tirx.PrimFunc([x_param, y_param], body).with_attrs(
         {"global_symbol": name, "tir.noalias": True, "lowprec.layout": f"transpose {b}x{r}x{s}, tiles of {rows}x{cols}"})
 
