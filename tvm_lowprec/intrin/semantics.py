@@ -129,6 +129,12 @@ class HalfToFloatSemantics:
             "}", ""])
 
 
+def _define(ret: str, name: str, params: str, body: list[str]) -> str:
+    """An always-inlined LLVM IR function of the instruction lines ``body``."""
+    return "\n".join([f"define internal {ret} @{name}({params}) alwaysinline {{"] + [f"  {line}" for line in body]
+                     + ["}", ""])
+
+
 @dataclass(frozen=True)
 class BytePermuteSemantics:
     """``@llvm.x86.avx512.vpermi2var.qi.512(a, idx, b)`` (VPERMI2B/VPERMT2B, AVX-512 VBMI): lane ``i``
@@ -146,8 +152,7 @@ class BytePermuteSemantics:
             body += [f"%i{i} = extractelement {v} %idx, i32 {i}", f"%m{i} = and i8 %i{i}, {2 * n - 1}",
                      f"%e{i} = extractelement {both} %t, i8 %m{i}", f"%r{i + 1} = insertelement {v} %r{i}, i8 %e{i}, i32 {i}"]
         body.append(f"ret {v} %r{n}")
-        return "\n".join([f"define internal {v} @{name}({v} %a, {v} %idx, {v} %b) alwaysinline {{"]
-                         + [f"  {line}" for line in body] + ["}", ""])
+        return _define(v, name, f"{v} %a, {v} %idx, {v} %b", body)
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,7 @@ class ByteShuffleSemantics:
                      f"%e{i} = extractelement {v} %table, i32 %p{i}", f"%z{i} = icmp slt i8 %i{i}, 0",
                      f"%s{i} = select i1 %z{i}, i8 0, i8 %e{i}", f"%r{i + 1} = insertelement {v} %r{i}, i8 %s{i}, i32 {i}"]
         body.append(f"ret {v} %r{n}")
-        return "\n".join([f"define internal {v} @{name}({v} %table, {v} %idx) alwaysinline {{"]
-                         + [f"  {line}" for line in body] + ["}", ""])
+        return _define(v, name, f"{v} %table, {v} %idx", body)
 
 
 @dataclass(frozen=True)
@@ -186,8 +190,7 @@ class FloatPermuteSemantics:
             body += [f"%i{i} = extractelement {iv} %idx, i32 {i}", f"%m{i} = and i32 %i{i}, {n - 1}",
                      f"%e{i} = extractelement {v} %table, i32 %m{i}", f"%r{i + 1} = insertelement {v} %r{i}, float %e{i}, i32 {i}"]
         body.append(f"ret {v} %r{n}")
-        return "\n".join([f"define internal {v} @{name}({v} %table, {iv} %idx) alwaysinline {{"]
-                         + [f"  {line}" for line in body] + ["}", ""])
+        return _define(v, name, f"{v} %table, {iv} %idx", body)
 
 
 # Target intrinsics that TVM's own codegen writes for some rows (not a tensor intrinsic's impl): part

@@ -74,6 +74,13 @@ def _copies(stmt, loops, found):
     return False
 
 
+def _is_copy(block) -> bool:
+    """A spatial block whose body stores one loaded value, unchanged."""
+    store = block.body
+    return (block.init is None and isinstance(store, tirx.BufferStore) and isinstance(store.value, _Load)
+            and all(iv.iter_type == 0 for iv in block.iter_vars))
+
+
 def _flat(indices, shape):
     flat = np.int64(0)
     for i, e in zip(indices, shape):
@@ -97,16 +104,12 @@ def source_positions(func):
     if math.prod(shapes[x]) != math.prod(shapes[y]):
         return None
     found = []
-    if not _copies(func.body, [], found) or not found:
-        return None
+    if not _copies(func.body, [], found) or not found or not all(_is_copy(realize.block) for _, realize in found):
+        return None  # every block checked before any is evaluated (this runs on every injective function)
     writer = {}  # buffer -> (its source buffer, source flat position of each of its elements)
     for loops, realize in found:
         block = realize.block
         store = block.body
-        if block.init is not None or not isinstance(store, tirx.BufferStore) or not isinstance(store.value, _Load):
-            return None
-        if any(iv.iter_type != 0 for iv in block.iter_vars):
-            return None
         grids = np.meshgrid(*[np.arange(e, dtype=np.int64) for _, e in loops], indexing="ij") if loops else []
         env = {var: g.reshape(-1) for (var, _), g in zip(loops, grids)}
         size = int(np.prod([e for _, e in loops])) if loops else 1
