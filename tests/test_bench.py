@@ -31,3 +31,24 @@ def test_latency_plot_of_models_and_runtimes(tmp_path):
     rows.append({"model": "cnn", "runtime": "ort-int8", "threads": 1, "status": "error", "ms": None})
     assert write_latency_plot(rows, ["encoder", "cnn"], runtimes, [1, 2], tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_denormals_are_zero_flushes_in_the_block_and_restores_the_mode():
+    """The DAZ/FTZ switch of benchmarks/denormals.py: numpy's float32 arithmetic (this thread's SSE
+    unit) reads a denormal as zero inside the block and as itself after it; the MXCSR is restored."""
+    import platform
+
+    import numpy as np
+    import pytest
+
+    from tvm_lowprec.bench.fpenv import DAZ, FTZ, denormals_are_zero, mxcsr
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("MXCSR is an x86 register")
+    tiny = np.array([1e-40], np.float32)  # a float32 denormal
+    before = mxcsr()
+    assert before & (DAZ | FTZ) == 0 and (tiny * np.float32(1.0))[0] > 0
+    with denormals_are_zero():
+        assert mxcsr() & (DAZ | FTZ) == DAZ | FTZ
+        assert (tiny * np.float32(1.0))[0] == 0 and (tiny + np.float32(0.0))[0] == 0
+    assert mxcsr() & (DAZ | FTZ) == 0 and (tiny * np.float32(1.0))[0] > 0

@@ -175,7 +175,31 @@ def test_col2im_float32_bound_declines_large_sums():
 
 def test_an_upsampler_row_is_vectorized_in_runs_of_its_taps_and_channels():
     """k2-s2, 12 channels: each output row is 2 * 12-element runs, each read from one GEMM row, with
-    the parameters repeated per tap (24 entries)."""
+    the parameters repeated per tap (24 entries, padded to 32: whole 64-byte lines)."""
     script = _compiled_col2im("k2-s2").script()
-    assert f'bias: T.Buffer(({2 * C_OUT},), "int32")' in script, script
+    assert 'bias: T.Buffer((32,), "int32")' in script and 'mult: T.Buffer((32,), "float32")' in script, script
     assert "T.vectorized(" in script
+
+
+@pytest.mark.parametrize("channels", [1, 3, 6, 12, 16, 20])
+@pytest.mark.parametrize("k", [2, 3])
+def test_col2im_parameters_fill_whole_64_byte_lines_padded_with_zeros(channels, k):
+    """LLVM widens a run that is no power of two long (an upsampler's KW*C = 12 at six channels) to the
+    next power of two, reading past the run as far as the buffer's 64-byte alignment allows: each
+    parameter buffer is whole 64-byte lines, its padding zeros (not a denormal that stalls the float32
+    FMA: measured 20x slower on the text detector's 6-channel upsampler), in both requantization modes."""
+    from tvm_lowprec.kernels.col2im import col2im_params, param_length, param_run
+    from tvm_lowprec.kernels.qgemm import Epilogue
+
+    class G:
+        out_channels, kernel, strides, dilation = channels, (k, k), (2, 2), (1, 1)
+
+    run = channels * (2 if k == 2 else 1)  # an upsampler repeats its parameters per column tap
+    assert param_run(G) == run and param_length(G) % 16 == 0 and run <= param_length(G) < run + 16
+    mult = np.linspace(1e-3, 2e-3, channels, dtype=np.float32)
+    for mode in ("float", "fixed_point"):
+        arrays = col2im_params(np.arange(1, channels + 1), mult, Epilogue(kind="requant", mode=mode), G)
+        for a in arrays:
+            assert a.shape == (param_length(G),) and a.dtype.itemsize == 4
+            assert np.all(a[run:] == 0) and np.all(a[:run].reshape(-1, channels)[:, 0] == a[0])
+        assert np.array_equal(arrays[0][:run].reshape(-1, channels)[0], np.arange(1, channels + 1))

@@ -24,7 +24,7 @@ _MIN_RUN = 8  # a shorter run of an upsampler's row is left to LLVM's loop vecto
 def _upsample_runs(sch, ow, c, kw: int, lanes: int) -> None:
     """An upsampler's output row, ``(ow, c)``, as runs of ``kw * C`` elements: run ``ow // kw`` reads one
     GEMM row's ``(ow % kw, c)`` columns, contiguous, and the parameters are repeated to that length
-    (:func:`~tvm_lowprec.kernels.col2im.param_length`), so each run is one vector loop. Runs shorter
+    (:func:`~tvm_lowprec.kernels.col2im.param_run`), so each run is one vector loop. Runs shorter
     than :data:`_MIN_RUN` (one channel, a segmentation map) are unrolled and the row left to LLVM's
     loop vectorizer."""
     width = int(sch.get(ow).extent)
