@@ -49,7 +49,8 @@ def test_qlinear_conv_matches_onnx_reference_exactly(name, rng):
     kernels = {k.name.split("_")[0] for k in compiled.kernels()}
     assert {"qconv2d", "qdepthwise"} & kernels == ({KERNEL[name]} - {None})
     pointwise = cfg["kernel"] == (1, 1) and cfg.get("strides", (1, 1)) == (1, 1)
-    assert ("im2col" in kernels) == (name in CONVS and not pointwise)
+    windowed = any("lowprec.window" in compiled._lowered[k.name].attrs for k in compiled.kernels() if k.op == "qgemm")
+    assert ("im2col" in kernels) == (name in CONVS and not pointwise and not windowed)
     info = np.iinfo(cfg.get("x_dtype", "uint8"))
     x = rng.integers(info.min, info.max + 1, cfg["x_shape"]).astype(cfg.get("x_dtype", "uint8"))
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
@@ -129,4 +130,31 @@ def test_a_three_channel_stem_gets_a_fourth_channel_instead_of_a_padded_copy_of_
     if k == 36:
         assert "A_prepared" not in func.script()
     x = rng.integers(0, 256, (1, 3, 16, 16)).astype(np.uint8)
+    np.testing.assert_array_equal(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("name", ["3x3-pad1", "3x3-stride2-asym-pad"])
+def test_the_gemm_reads_the_im2col_in_place_where_the_row_allows_it(name, rng):
+    """Where the row's instruction takes one activation row, its K step divides the channels per tap and
+    it stores the activations as they are (kernels.qgemm.ConvWindow), the convolution is a padding copy
+    and a GEMM over the padded NHWC input: no im2col kernel, the GEMM's A 4-D; else an im2col. Exact
+    against onnx.reference either way (a 3-channel input gets its fourth channel in the padding copy)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tvm_lowprec.kernels.qgemm import GemmLayout, QGemmProblem, Epilogue
+
+    cfg = CONVS[name]
+    model = qlinear_conv(**cfg)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    (gemm,) = [k for k in compiled.kernels() if k.op == "qgemm"]
+    func = compiled._lowered[gemm.name]
+    m, n, k = (int(v) for v in func.attrs["lowprec.shape"])
+    flat = GemmLayout.choose(QGemmProblem(m, n, k, "uint8", Epilogue()), compiled.spec)
+    channels = k // 9
+    expect = flat.rows == 1 and channels % flat.kstep == 0 and flat.a_storage == "uint8"
+    names = {kk.name.split("_")[0] for kk in compiled.kernels()}
+    assert ("lowprec.window" in func.attrs) == expect and ("im2col" in names) != expect, (gemm.name, names)
+    if expect:
+        assert len(func.params[0].shape) == 4 and "pad" in names  # both convolutions pad
+    x = rng.integers(0, 256, cfg["x_shape"]).astype(np.uint8)
     np.testing.assert_array_equal(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])

@@ -228,3 +228,55 @@ def test_row_runs_divide_the_row_tiles():
         runs, per_run = row_runs(tiles)
         assert runs * per_run == tiles and 1 <= runs <= MAX_RUNS
     assert row_runs(1600) == [64, 25] and row_runs(1067) == [11, 97] and row_runs(97) == [1, 97]
+
+
+# convolutions whose GEMM reads its im2col in place (kernels.qgemm.ConvWindow): (batch, H, W, C, N,
+# kernel, stride, dilation, padding): one row tile per output row, a tile crossing output rows (W = 13),
+# a 4-channel stem at stride 2, a dilated batch of two, a 5x5 window
+WINDOWS = {
+    "3x3-s1-c8": (1, 10, 12, 8, 6, 3, 1, 1, 1),
+    "3x3-s1-c8-odd-width": (1, 7, 13, 8, 24, 3, 1, 1, 1),
+    "stem-3x3-s2-c4": (1, 16, 16, 4, 8, 3, 2, 1, 1),
+    "dilated-c16-batch2": (2, 9, 9, 16, 20, 3, 1, 2, 2),
+    "5x5-s2-c8": (1, 11, 13, 8, 16, 5, 2, 1, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(WINDOWS))
+@pytest.mark.parametrize("spec", [t for t in TARGETS if t.device == "cpu"], ids=lambda t: t.name)
+def test_a_gemm_reading_a_convolution_window_in_place_is_exact(spec, case, rng):
+    """A [B, Hp, Wp, C] padded input read through the window (no [M, K] im2col buffer): exact against
+    numpy's im2col and int64 GEMM, the row's instruction emitted, on every CPU row whose K step divides
+    the channels and whose instruction takes one row (the others read an im2col buffer)."""
+    from tvm_lowprec.kernels.qgemm import ConvWindow
+
+    batch, h, w, c, n, k_hw, s, d, pad = WINDOWS[case]
+    oh, ow = (h + 2 * pad - d * (k_hw - 1) - 1) // s + 1, (w + 2 * pad - d * (k_hw - 1) - 1) // s + 1
+    window = ConvWindow(batch, (h + 2 * pad, w + 2 * pad), (oh, ow), (k_hw, k_hw), (s, s), (d, d), c)
+    m, k = window.rows, window.depth
+    ep = EPILOGUES["requant-u8"]
+    problem = QGemmProblem(m, n, k, "uint8", ep, window=window)
+    za = 131
+    x = np.full(window.shape, za, np.uint8)
+    x[:, pad:pad + h, pad:pad + w] = rng.integers(0, 256, (batch, h, w, c))
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    layout = GemmLayout.choose(problem, spec, b)
+    if layout.rows != 1 or c % layout.kstep or layout.needs_prepare(problem):
+        pytest.skip(f"{spec.name}: {layout.intrin_row} reads an im2col buffer here (K step {layout.kstep}, "
+                    f"{layout.rows} rows, activations stored as {layout.a_storage})")
+    sch = schedule_func(build_qgemm(problem, layout), spec)
+    assert [int(e) for e in sch.mod["main"].params[0].shape] == list(window.shape)
+    ex = tvm.compile(sch.mod, target=spec.tvm_target(2))
+    _check_instruction(spec, layout, ex)
+    taps = [x[:, i * d:i * d + s * (oh - 1) + 1:s, j * d:j * d + s * (ow - 1) + 1:s, :]
+            for i in range(k_hw) for j in range(k_hw)]
+    a = np.stack(taps, axis=3).reshape(m, k)  # rows (b, oh, ow), columns (kh, kw, c)
+    bias = rng.integers(-5000, 5000, n).astype(np.int32)
+    mult = (rng.random(n) * 2e-4 + 1e-5).astype(np.float32)
+    corr = gemm_corrections(b, za, 0, layout.a_offset, bias)
+    params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, mult)
+    args = [tvm.runtime.tensor(v) for v in [x, pack_weights(corr.b_signed, layout), *params, np.zeros((m, n), np.uint8)]]
+    kernel_module(ex.mod, spec)["qgemm"](*args)
+    want = _reference(a, b, za, 0, bias, mult, ep)
+    assert len(np.unique(want)) > 20  # not all clamped
+    np.testing.assert_array_equal(args[-1].numpy(), want)

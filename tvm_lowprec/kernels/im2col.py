@@ -16,7 +16,10 @@ from __future__ import annotations
 from tvm import te, tirx
 
 
-def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col", channels: int | None = None):
+def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col", channels: int | None = None,
+                 gather: bool = True):
+    """``gather=False``: the padding copy alone (``lowprec.op = "pad"``), the input of a GEMM that reads
+    its im2col in place (:class:`~tvm_lowprec.kernels.qgemm.ConvWindow`)."""
     g = geometry
     (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = g.out_hw, g.kernel, g.strides, g.dilation
     top, left, bottom, right = g.padding
@@ -34,6 +37,10 @@ def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col", cha
             return tirx.Select(inside, value, tirx.const(pad_value, dtype))
 
         source = te.compute((g.batch, h_n + top + bottom, w_n + left + right, c_out), pad, name="padded")
+
+    if not gather:
+        func = te.create_prim_func([x, source])
+        return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "pad", "op_pattern": 8})
 
     def element(b, oh, ow, kh, kw, c):
         return source[b, oh * sh + kh * dh, ow * sw + kw * dw, c]

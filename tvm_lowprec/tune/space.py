@@ -44,7 +44,7 @@ def is_tunable(func) -> bool:
 
 
 _KEY_ATTRS = ("lowprec.shape", "lowprec.tile", "lowprec.vector", "lowprec.intrin", "lowprec.b_storage",
-              "lowprec.a_dtype", "lowprec.epilogue", "lowprec.batch")  # lowprec.rows: implied by the intrinsic
+              "lowprec.a_dtype", "lowprec.epilogue", "lowprec.batch", "lowprec.window")  # lowprec.rows: implied by the intrinsic
 
 
 def schedule_key(func) -> str:
