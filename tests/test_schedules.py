@@ -237,3 +237,39 @@ def test_a_trailing_reshape_is_written_from_the_producers_nest(rng):
     got = tvm.runtime.tensor(np.zeros(4 * h * w * c, np.uint8))
     lib.mod["main"](tvm.runtime.tensor(data), got)
     np.testing.assert_array_equal(got.numpy(), data.repeat(2, axis=1).repeat(2, axis=2).ravel())
+
+
+@pytest.mark.parametrize("channels, steps", [(48, 16), (32, 32), (24, 24), (40, 40)])
+def test_a_per_channel_gate_of_no_power_of_two_width_is_applied_in_vector_steps(channels, steps, rng):
+    """A squeeze-excite gate multiply in the integer domain, ``x[p, c] * g[c]`` requantized: with 48
+    channels (three vectors of 16, no power of two) the channel axis runs in steps of 16 lanes (as one
+    48-lane vector, LLVM rebuilt the hoisted gate lane by lane every pixel); 32 channels stay one
+    vector, 40 (no whole vectors of 16) too, and 24 without a per-channel operand (a plain shift).
+    Exact against numpy on the native row."""
+    from tvm import te
+
+    from tvm_lowprec.schedule.elementwise import ElementwiseRule
+    from tvm_lowprec.targets import resolve_target
+
+    spec = resolve_target("native")
+    x = te.placeholder((1, 6, 6, channels), "uint8", name="x")
+    g = te.placeholder((channels,), "uint8", name="g")
+    if channels == 24:
+        y = te.compute(x.shape, lambda b, h, w, c: (x[b, h, w, c].astype("int32") >> 1).astype("uint8"), name="y")
+        args = [x, y]
+    else:
+        y = te.compute(x.shape, lambda b, h, w, c: te.max(te.min(((x[b, h, w, c].astype("int32") - 2) * g[c].astype("int32")
+                                                                  * 300 + 4096) >> 13, 255), 0).astype("uint8"), name="y")
+        args = [x, g, y]
+    sch = ElementwiseRule().apply(te.create_prim_func(args), spec)
+    vectorized = [int(sch.get(loop).extent) for loop in sch.get_loops(sch.get_sblock("y")) if sch.get(loop).kind == tvm.tirx.ForKind.VECTORIZED]
+    assert vectorized == [steps], vectorized
+    lib = tvm.compile(sch.mod, target=spec.tvm_target(1))
+    xs, gs = rng.integers(0, 256, (1, 6, 6, channels)).astype(np.uint8), rng.integers(0, 256, channels).astype(np.uint8)
+    out = tvm.runtime.tensor(np.zeros(xs.shape, np.uint8))
+    lib.mod["main"](*([tvm.runtime.tensor(xs)] + ([tvm.runtime.tensor(gs)] if channels != 24 else []) + [out]))
+    if channels == 24:
+        want = (xs >> 1).astype(np.uint8)
+    else:
+        want = np.clip(((xs.astype(np.int64) - 2) * gs * 300 + 4096) >> 13, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(out.numpy(), want)
