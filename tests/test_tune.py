@@ -467,3 +467,30 @@ def test_a_non_gemm_record_replaces_the_rules_schedule_only_when_faster(tmp_path
     if runnable(spec):
         a, b = (rng.integers(0, 256, (1, 8, 8, 16)).astype(np.uint8) for _ in range(2))
         np.testing.assert_array_equal(compiled(a, b)[0], tvm_lowprec.compile(mod, "native", database=False)(a, b)[0])
+
+
+def test_a_gemm_reading_a_convolution_window_keeps_the_rules_row_tiles_in_the_search():
+    """The search space of a GEMM read through a convolution window (kernels.qgemm.ConvWindow) keeps the
+    rule's row tile, whose rows follow the output rows: its default point is the rule's schedule, the
+    same TIR, both K-whole and K-blocked spaces build."""
+    import tvm
+
+    from tvm_lowprec.kernels.qgemm import ConvWindow, Epilogue, GemmLayout, QGemmProblem, build_qgemm
+    from tvm_lowprec.schedule import schedule_func
+    from tvm_lowprec.targets import resolve_target
+    from tvm_lowprec.tune.space import default_schedule, qgemm_spaces
+
+    spec = resolve_target("native")
+    window = ConvWindow(1, (18, 18), (16, 16), (3, 3), (1, 1), (1, 1), 8)
+    problem = QGemmProblem(window.rows, 16, window.depth, "uint8", Epilogue(zero_point=3), window=window)
+    layout = GemmLayout.choose(problem, spec)
+    if layout.rows != 1 or 8 % layout.kstep or layout.needs_prepare(problem):
+        pytest.skip(f"{spec.name} reads an im2col buffer for this convolution")
+    func = build_qgemm(problem, layout, "qgemm")
+    rule = schedule_func(func, spec).mod["main"]
+    assert "lowprec.window" in rule.attrs
+    tvm.ir.assert_structural_equal(default_schedule(func).mod["main"], rule)
+    from tvm.s_tir import Schedule
+
+    for space in qgemm_spaces(Schedule(func)):
+        tvm.compile(space.mod, target=spec.tvm_target(1))

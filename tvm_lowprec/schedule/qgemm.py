@@ -83,9 +83,8 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
     (:func:`is_narrow`), runs of row tiles are the parallel loop: ``runs`` gives ``[runs, tiles per
     run]`` (a search's samples; default :func:`row_runs`)."""
     block = sch.get_sblock("gemm")
-    out_w = _window_width(sch.mod["main"]) if rows == 1 and isinstance(mr, int) else 0
-    window = out_w > 0 and out_w % mr == 0 and _extent(sch, sch.get_loops(block)[-3]) == _window_rows(sch.mod["main"])
-    tiles = _window_tiles(sch, block, mr, out_w) if window else None
+    window = rows == 1 and isinstance(mr, int) and window_tiles_apply(sch.mod["main"], mr)
+    tiles = _window_tiles(sch, block, mr, _window_width(sch.mod["main"])) if window else None
     loops = sch.get_loops(block)
     batch = loops[0] if batched else None
     if rows == 1:
@@ -185,15 +184,18 @@ def _window_tiles(sch, block, mr: int, out_w: int):
     return q, ow_tile, r
 
 
+def window_tiles_apply(func, mr: int) -> bool:
+    """Whether :func:`tile_gemm` lays a qgemm's row tiles of ``mr`` along the output rows of its
+    convolution window (:func:`_window_tiles`): a GEMM read through a window whose output width ``mr``
+    divides, its M not padded (the layout's row tile divides M too)."""
+    out_w, m = _window_width(func), int(func.attrs["lowprec.shape"][0])
+    return out_w > 0 and out_w % mr == 0 and m % int(func.attrs["lowprec.tile"][0]) == 0
+
+
 def _window_width(func) -> int:
     """The output width of a GEMM read through a convolution window (``lowprec.window``), else 0."""
     window = func.attrs.get("lowprec.window", None)
     return 0 if window is None else int(window[10])
-
-
-def _window_rows(func) -> int:
-    """M of a GEMM read through a convolution window: batch x output height x width."""
-    return int(func.attrs["lowprec.shape"][0])
 
 
 def _extent(sch, loop) -> int:

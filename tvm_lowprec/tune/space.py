@@ -30,7 +30,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from ..schedule.qgemm import QGemmRule, gemm_rows, is_narrow, row_loop, row_runs, tile_gemm
+from ..schedule.qgemm import QGemmRule, gemm_rows, is_narrow, row_loop, row_runs, tile_gemm, window_tiles_apply
 
 MAX_ROWS = 8  # row-tile bound for the search (the tile tables go up to 6)
 MAX_K_SLICES = 512  # kstep slices per K block
@@ -72,9 +72,15 @@ def qgemm_space(sch, k_blocked: bool = True, decisions=None) -> None:
     decisions = list(decisions or [None, None])
     QGemmRule._prepare_inputs(sch)
     narrow = not k_blocked and is_narrow(func)
-    tiles = sch.sample_perfect_tile(row_loop(sch, rows), n=3 if narrow else 2, max_innermost_factor=MAX_ROWS // rows,
-                                    decision=decisions[0])
-    mr, runs = tiles[-1], (tiles[:2] if narrow else None)
+    rule_mr = int(func.attrs["lowprec.tile"][0])
+    if rows == 1 and window_tiles_apply(func, rule_mr):
+        # the rule's row tile, whose rows follow the output rows (schedule.qgemm._window_tiles): a
+        # sampled tile would take the plain split, slower for every tile (its rows' addresses divided)
+        mr, runs = rule_mr, None
+    else:
+        tiles = sch.sample_perfect_tile(row_loop(sch, rows), n=3 if narrow else 2, max_innermost_factor=MAX_ROWS // rows,
+                                        decision=decisions[0])
+        mr, runs = tiles[-1], (tiles[:2] if narrow else None)
 
     def k_blocks(sch, slices):
         return sch.sample_perfect_tile(slices, n=2, max_innermost_factor=MAX_K_SLICES, decision=decisions[1])
