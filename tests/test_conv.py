@@ -155,6 +155,98 @@ def test_the_gemm_reads_the_im2col_in_place_where_the_row_allows_it(name, rng):
     names = {kk.name.split("_")[0] for kk in compiled.kernels()}
     assert ("lowprec.window" in func.attrs) == expect and ("im2col" in names) != expect, (gemm.name, names)
     if expect:
-        assert len(func.params[0].shape) == 4 and "pad" in names  # both convolutions pad
+        # both convolutions pad (the copy alone, or merged into the input's producer)
+        assert len(func.params[0].shape) == 4 and any("pad" in kk.name for kk in compiled.kernels())
     x = rng.integers(0, 256, cfg["x_shape"]).astype(np.uint8)
     np.testing.assert_array_equal(compiled(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+def test_the_image_is_quantized_straight_into_the_stems_padded_input(rng):
+    """A float NCHW image quantized for a stem that reads its window in place: FuseOps merges the padding
+    copy (op_pattern injective) into the quantize-and-transpose, one kernel writes the padded 4-channel
+    NHWC input (no ``pad_`` kernel, no [1, H, W, 3] buffer), its border split off (schedule/elementwise:
+    the interior a plain layout change). The model's output within one step of ONNX Runtime's QDQ
+    graph."""
+    from tvm_lowprec.kernels.qgemm import Epilogue, GemmLayout, QGemmProblem
+
+    shape = (1, 3, 24, 40)
+    fp32 = fp32_cnn(shape)
+    qdq = quantize_qdq(fp32, [rng.standard_normal(shape).astype(np.float32) for _ in range(4)])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
+    stem = compiled._lowered[next(k.name for k in compiled.kernels() if k.op == "qgemm")]
+    m, n, k = (int(v) for v in stem.attrs["lowprec.shape"])
+    flat = GemmLayout.choose(QGemmProblem(m, n, k, "uint8", Epilogue()), compiled.spec)
+    names = [kk.name for kk in compiled.kernels()]
+    if "lowprec.window" in stem.attrs:
+        writers = [name for name in names if "quantize" in name and "pad" in name]
+        assert len(writers) == 1, names
+        assert not any(name.startswith("pad_3x") for name in names), names
+        (writer,) = [f for g, f in compiled._lowered.functions.items() if g.name_hint == writers[0]]
+        assert [int(e) for e in writer.params[-1].shape] == [1, shape[2] + 2, shape[3] + 2, 4]
+    else:  # the row reads an im2col (int16 activations, i8mm's two rows): nothing to fuse
+        assert not (flat.rows == 1 and flat.a_storage == "uint8" and (k // 9) % flat.kstep == 0), names
+    x = rng.standard_normal(shape).astype(np.float32)
+    want = ort_session(qdq, optimized=False).run(None, {"x": x})[0]
+    assert_within_one_step(compiled(x=x)[0], want, output_scale(qdq))
+
+
+def test_an_int64_padding_copy_still_has_its_border_split_off():
+    """FuseTIR needs the padding copy in TVM's int64 shapes; TVM's LoopPartition ignores the hint on an
+    int64 loop, which left the border's Select in every element (a 160x160x8 copy: 3.9 -> 52 us).
+    The rule narrows the indices first: the lowered interior is a plain copy, no Select."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    from tvm_lowprec.kernels.im2col import build_im2col
+    from tvm_lowprec.quant.patterns import ConvGeometry
+    from tvm_lowprec.schedule.qgemm import Im2colRule
+
+    spec = tvm_lowprec.resolve_target("x86-avx2")
+    g = ConvGeometry(1, 8, (20, 20), (20, 20), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    func = build_im2col(g, "uint8", 9, "pad", gather=False)
+    assert str(func.params[0].shape[0].ty) == "int64"
+    sch = Im2colRule().apply(func, spec)
+    passes = [s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
+              s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32),
+              s_tir.transform.LoopPartition(), tirx.transform.UnrollLoop(), tirx.transform.StmtSimplify()]
+    with spec.tvm_target(1):
+        lowered = tvm.ir.transform.Sequential(passes)(sch.mod)["main"].script()
+    assert "T.Select" not in lowered and "] = x_1[" in lowered, lowered  # border constants, interior a copy
+
+
+@pytest.mark.parametrize("channels", [8, 24, 64])
+def test_a_padding_copy_merged_into_an_integer_add_keeps_its_border_apart(channels, rng):
+    """FuseOps may merge the padding copy into any injective producer with one reader (an integer
+    residual add before a convolution): the element-wise rule splits the border off there too (no
+    Select in the lowered interior) and the result is numpy's add, then pad."""
+    import tvm
+    from tvm import s_tir, te, tirx
+
+    from tvm_lowprec.schedule.elementwise import ElementwiseRule
+
+    i64 = lambda *v: tuple(tirx.IntImm("int64", n) for n in v)  # noqa: E731
+    a = te.placeholder(i64(1, 6, 7, channels), "uint8", "a")
+    b = te.placeholder(i64(1, 6, 7, channels), "uint8", "b")
+    s = te.compute(a.shape, lambda *i: (a(*i).astype("int32") + b(*i).astype("int32")).astype("uint8"), "add")
+
+    def pad(n, h, w, c):
+        inside = tirx.all(h >= 1, h < 7, w >= 1, w < 8)
+        return tirx.Select(inside, s[n, tirx.max(tirx.min(h - 1, 5), 0), tirx.max(tirx.min(w - 1, 6), 0), c],
+                           tirx.const(7, "uint8"))
+
+    y = te.compute(i64(1, 8, 9, channels), pad, "padded")
+    func = te.create_prim_func([a, b, y])
+    spec = tvm_lowprec.resolve_target("x86-avx2")
+    sch = ElementwiseRule().apply(func, spec)
+    passes = [s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
+              s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32),
+              s_tir.transform.LoopPartition(), tirx.transform.UnrollLoop(), tirx.transform.StmtSimplify()]
+    with spec.tvm_target(1):
+        lowered = tvm.ir.transform.Sequential(passes)(sch.mod)["main"].script()
+    assert "T.Select" not in lowered, lowered
+    lib = tvm.compile(sch.mod, target=spec.tvm_target(1))
+    xa, xb = (rng.integers(0, 100, (1, 6, 7, channels)).astype(np.uint8) for _ in range(2))
+    out = tvm.runtime.tensor(np.zeros((1, 8, 9, channels), np.uint8))
+    lib["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb), out)
+    want = np.pad(xa + xb, [(0, 0), (1, 1), (1, 1), (0, 0)], constant_values=7)
+    np.testing.assert_array_equal(out.numpy(), want)

@@ -67,7 +67,8 @@ def test_block_net_changes_layout_only_at_the_boundary(rng):
     # one transpose into NHWC after the input's quantize, one back before Flatten: none between layers
     transposes = sorted(re.sub(r"\d+", "", n) for n in names if "transpose" in n)  # TVM numbers them as it likes
     # (the pool's integer sum: its epilogue may end in the last transpose's kernel, quant/integer_mean.py)
-    assert len(transposes) == 2 and transposes[0] == "fused_quantize_transpose", names
+    # (the first may write the next convolution's padded input too, where that reads its window in place)
+    assert len(transposes) == 2 and transposes[0] in ("fused_quantize_transpose", "fused_quantize_transpose_pad_xx"), names
     assert transposes[1].endswith("_transpose_reshape") and transposes[1].startswith("fused_"), names
     # exact against onnx.reference (ORT's own kernels round a few of the 10 logits the other way)
     reference = ReferenceEvaluator(onnx.version_converter.convert_version(qdq, 21))

@@ -25,7 +25,10 @@ def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col", cha
     top, left, bottom, right = g.padding
     h_n, w_n = g.in_hw
     c_out = g.channels if channels is None else channels
-    x = te.placeholder((g.batch, h_n, w_n, g.channels), dtype, name="x")
+    # the padding copy alone in int64 shapes, as TVM legalizes operators: FuseTIR merges it into an
+    # injective producer's function (the image's quantize-and-transpose) only where the types agree
+    size = (lambda n: tirx.IntImm("int64", n)) if not gather else int
+    x = te.placeholder(tuple(size(n) for n in (g.batch, h_n, w_n, g.channels)), dtype, name="x")
     source = x
     if any(g.padding) or c_out != g.channels:
         def pad(b, i, j, c):
@@ -36,11 +39,14 @@ def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col", cha
             # inside, leaving a plain copy of the interior rows
             return tirx.Select(inside, value, tirx.const(pad_value, dtype))
 
-        source = te.compute((g.batch, h_n + top + bottom, w_n + left + right, c_out), pad, name="padded")
+        source = te.compute(tuple(size(n) for n in (g.batch, h_n + top + bottom, w_n + left + right, c_out)), pad,
+                            name="padded")
 
     if not gather:
         func = te.create_prim_func([x, source])
-        return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "pad", "op_pattern": 8})
+        # injective, no global symbol (the name is the GlobalVar's): FuseOps merges it into an injective
+        # producer (the image's quantize-and-transpose), and FuseTIR then drops it as unused
+        return func.without_attr("global_symbol").with_attrs({"lowprec.op": "pad", "op_pattern": 2})
 
     def element(b, oh, ow, kh, kw, c):
         return source[b, oh * sh + kh * dh, ow * sw + kw * dw, c]

@@ -16,6 +16,7 @@ from .fp32_gemm import Fp32GemmRule
 from .fp32_matmul import Fp32MatmulRule
 from .lookup import LookupRule
 from .nbits import NbitsGemmRule
+from .pool import SeparablePoolRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 from .qgemm16 import QGemm16Rule
 from .rows import RowOpRule
@@ -25,7 +26,7 @@ from .window import WindowReductionRule
 
 # in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
 DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), Bf16GemmRule(), Fp32GemmRule(), Fp32DepthwiseRule(), Fp32MatmulRule(), PackBRule(), Im2colRule(), Col2imRule(),
-                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), ByteTransposeRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
+                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), SeparablePoolRule(), ByteTransposeRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
                  DlightRule(_dlight_cpu.Reduction()))
 
 
@@ -48,4 +49,4 @@ def schedule_func(func, spec, rules=None):
 
 __all__ = ["Bf16GemmRule", "ByteTransposeRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
            "ElementwiseRule", "Fp32DepthwiseRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
-           "RULES", "RowOpRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "schedule_func"]
+           "RULES", "RowOpRule", "SeparablePoolRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "schedule_func"]

@@ -30,6 +30,7 @@ from tvm.s_tir import Schedule
 from tvm.sym.analyzer import Analyzer
 
 from .blocks import root_children, subexpressions
+from .qgemm import narrow_indices
 
 _VECTOR = 16
 _LANES = (16, 8)  # vector widths tried for the innermost axis, widest first
@@ -47,6 +48,9 @@ class ElementwiseRule:
         root, blocks = root_children(sch)
         if not blocks or any(iv.iter_type != 0 for b in blocks for iv in sch.get(b).iter_vars):
             return None  # empty, or a reduction: not ours
+        if any(_is_padding(sch.get(b)) for b in blocks):  # its border split off by LoopPartition: int32 loops
+            sch = Schedule(narrow_indices(func))
+            root, blocks = root_children(sch)
         blocks = _without_trailing_reshapes(sch, blocks)
         kept = _pieces_of_misaligned_concats(sch, blocks)
         leaves = []  # the blocks that write the function's outputs (several for a split), and kept ones
@@ -212,25 +216,66 @@ def _reads_run_along(stmt, var) -> bool:
     return bool(reads) and all(any(v.same_as(var) for v in undefined_vars(r.region[-1].min)) for r in reads)
 
 
+def _is_padding(stmt) -> bool:
+    """The block stores ``Select(inside, value, constant)``: a padding copy (the stem's padded input,
+    whose padding copy FuseOps merged into the image's quantize-and-transpose)."""
+    store = stmt.body
+    value = getattr(store, "value", None) if isinstance(store, tvm.tirx.BufferStore) else None
+    return isinstance(value, tvm.tirx.Select) and isinstance(value.false_value, (tvm.tirx.IntImm, tvm.tirx.FloatImm))
+
+
 def _vectorize_layout_change(sch, block) -> bool:
     """A layout change whose output's innermost axis is short and is not the axis its reads run along
     (an NCHW image quantized into NHWC, 3 channels): the rows parallel, the last two axes left to LLVM,
     whose loop vectorizer loads along the axis before the last and interleaves the stores (TVM's
     vectorizer can only scatter them). Measured on a 1x3x320x320 image: 0.08 ms so, 0.22 ms with TVM
-    vectors along that axis, 0.32 ms vectorizing the fused loop (a gather with a division per lane)."""
+    vectors along that axis, 0.32 ms vectorizing the fused loop (a gather with a division per lane).
+
+    Padded (the image written straight into the stem's padded 4-channel input): the rows and columns
+    carry ``pragma_loop_partition_hint``, so TVM's LoopPartition splits off the border and the interior
+    is the plain layout change; the channels are unrolled, so the padding channel is a constant store."""
     loops, stmt = sch.get_loops(block), sch.get(block)
     extents = [sch.get(l).extent for l in loops]
     if len(loops) < 2 or len(stmt.iter_vars) != len(loops) or not all(hasattr(e, "value") for e in extents):
         return False
     last, second = int(extents[-1].value), int(extents[-2].value)
     ivs = [iv.var for iv in stmt.iter_vars]
-    if last >= _VECTOR or second % _VECTOR or _reads_run_along(stmt, ivs[-1]) or not _reads_run_along(stmt, ivs[-2]):
+    padding = _is_padding(stmt)
+    if (last >= _VECTOR or (second % _VECTOR and not padding) or _reads_run_along(stmt, ivs[-1])
+            or not _reads_run_along(stmt, ivs[-2])):
         return False
+    rows = None
     if len(loops) > 2:
         rows = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
         total = last * second * int(sch.get(rows).extent.value)
         if total >= _MIN_PARALLEL and int(sch.get(rows).extent.value) > 1:
             sch.parallel(rows)
+    if padding:
+        for loop in (rows, loops[-2]):
+            if loop is not None:
+                sch.annotate(loop, "pragma_loop_partition_hint", 1)
+        sch.unroll(loops[-1])
+    return True
+
+
+def padding_nest(sch, block) -> bool:
+    """A padding copy merged into its producer (an integer add before a convolution that reads its
+    window in place), laid out as it is: the rows parallel, rows and columns partitioned (the border
+    split off), the channels in vectors where a width divides them, else unrolled. False: not one."""
+    loops, stmt = sch.get_loops(block), sch.get(block)
+    if len(loops) < 3 or len(stmt.iter_vars) != len(loops) or not _is_padding(stmt):
+        return False
+    channels = int(sch.get(loops[-1]).extent.value)
+    rows = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
+    if math.prod(int(sch.get(l).extent.value) for l in (rows, *loops[-2:])) >= _MIN_PARALLEL:
+        sch.parallel(rows)
+    for loop in (rows, loops[-2]):
+        sch.annotate(loop, "pragma_loop_partition_hint", 1)
+    lanes = next((v for v in (_FLAT, 32, *_LANES) if channels % v == 0), None)
+    if lanes is not None:
+        sch.vectorize(sch.split(loops[-1], [None, lanes])[1] if channels > lanes else loops[-1])
+    elif channels <= _MAX_UNROLL:
+        sch.unroll(loops[-1])
     return True
 
 
@@ -295,7 +340,7 @@ def _nest(sch, block) -> bool:
     loops = sch.get_loops(block)
     if not loops or not all(hasattr(sch.get(l).extent, "value") for l in loops):
         return False
-    if _vectorize_layout_change(sch, block):
+    if _vectorize_layout_change(sch, block) or padding_nest(sch, block):
         return True
     extents = [int(sch.get(l).extent.value) for l in loops]
     total = 1
