@@ -125,3 +125,23 @@ def test_scheduling_leaves_the_function_it_was_given_unchanged():
     for spec in CPU_ROWS[:2]:
         assert SeparablePoolRule().apply(func, spec) is not None
     assert func.script() == before
+
+
+def test_small_pools_and_padding_copies_run_on_one_thread():
+    """A fork of TVM's pool costs about a microsecond on two threads: the passes of SPPF's 40x40x16 pool
+    and the padding copy of an 80x80x8 input run serially, a 160x160x16 pool's passes and a 160x160x8
+    copy in parallel (schedule/pool.MIN_PARALLEL, schedule/qgemm.COPY_MIN_PARALLEL)."""
+    from tvm_lowprec.kernels.im2col import build_im2col
+    from tvm_lowprec.quant.patterns import ConvGeometry
+    from tvm_lowprec.schedule.qgemm import Im2colRule
+
+    spec = CPU_ROWS[0]
+    small = SeparablePoolRule().apply(_func("sppf-5x5-16ch"), spec).mod["main"].script()
+    assert "T.parallel" not in small
+    x = te.placeholder((1, 160, 160, 16), "uint8", name="x")
+    big = te.create_prim_func([x, separable_max_pool(x, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), "NHWC")])
+    assert SeparablePoolRule().apply(big.with_attr("lowprec.op", OP), spec).mod["main"].script().count("T.parallel") == 3
+    for side, parallel in ((80, False), (160, True)):
+        g = ConvGeometry(1, 8, (side, side), (side, side), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+        copy = Im2colRule().apply(build_im2col(g, "uint8", 0, "pad", gather=False), spec).mod["main"].script()
+        assert ("T.parallel" in copy) == parallel, side

@@ -258,7 +258,7 @@ def _vectorize_layout_change(sch, block) -> bool:
     return True
 
 
-def padding_nest(sch, block) -> bool:
+def padding_nest(sch, block, min_parallel: int = _MIN_PARALLEL) -> bool:
     """A padding copy merged into its producer (an integer add before a convolution that reads its
     window in place), laid out as it is: the rows parallel, rows and columns partitioned (the border
     split off), the channels in vectors where a width divides them, else unrolled. False: not one."""
@@ -267,7 +267,7 @@ def padding_nest(sch, block) -> bool:
         return False
     channels = int(sch.get(loops[-1]).extent.value)
     rows = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
-    if math.prod(int(sch.get(l).extent.value) for l in (rows, *loops[-2:])) >= _MIN_PARALLEL:
+    if math.prod(int(sch.get(l).extent.value) for l in (rows, *loops[-2:])) >= min_parallel:
         sch.parallel(rows)
     for loop in (rows, loops[-2]):
         sch.annotate(loop, "pragma_loop_partition_hint", 1)

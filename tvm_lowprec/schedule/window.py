@@ -139,7 +139,7 @@ def _rows_contiguous(block, lanes: int) -> bool:
     return True
 
 
-def schedule_wide_window(sch, block, padding, lanes: int):
+def schedule_wide_window(sch, block, padding, lanes: int, min_parallel: int = _MIN_PARALLEL):
     """The few-channels loop nest above: ``padding`` (a block or None) copied into its buffer, the
     window vectorized over the fused (column, channel) axis."""
     if padding is not None:
@@ -157,7 +157,7 @@ def schedule_wide_window(sch, block, padding, lanes: int):
     rows = sch.fuse(*spatial[:-2]) if len(spatial) > 3 else spatial[0]
     chunk, lane = sch.split(sch.fuse(spatial[-2], spatial[-1]), [None, lanes])
     sch.reorder(rows, chunk, *reduce, lane)
-    if _extent_product(sch, [rows, chunk, lane]) >= _MIN_PARALLEL:
+    if _extent_product(sch, [rows, chunk, lane]) >= min_parallel:
         sch.parallel(rows)
     sch.vectorize(lane)
     return sch
@@ -167,7 +167,8 @@ def _extent_product(sch, loops) -> int:
     return math.prod(int(sch.get(loop).extent.value) for loop in loops)
 
 
-def schedule_window(sch, block, epilogue=None, partition: bool = False, vector_bits: int | None = None):
+def schedule_window(sch, block, epilogue=None, partition: bool = False, vector_bits: int | None = None,
+                    min_parallel: int = _MIN_PARALLEL):
     """The loop nest above for the window block (also used by the strided rule for a reduction that
     writes the output itself). ``partition``: the padding is inlined, its bounds tests split off by
     LoopPartition along the output rows and columns. ``vector_bits``: the row's vector register
@@ -185,12 +186,12 @@ def schedule_window(sch, block, epilogue=None, partition: bool = False, vector_b
         sch.annotate(spatial[-2], "pragma_loop_partition_hint", 1)
         outer = sch.fuse(*spatial[:-2]) if len(spatial) > 3 else spatial[0]
         sch.annotate(outer, "pragma_loop_partition_hint", 1)
-        if total >= _MIN_PARALLEL:
+        if total >= min_parallel:
             sch.parallel(outer)
     elif len(spatial) > 1:
         outer = sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0]
         total = int(sch.get(outer).extent.value) * int(sch.get(inner).extent.value)
-        if total >= _MIN_PARALLEL:
+        if total >= min_parallel:
             sch.parallel(outer)
     # no decompose_reduction: the update block without its init is no reduction block, and TIR
     # refuses to vectorize a loop over it; with the init kept, it lowers to a test of the window's
