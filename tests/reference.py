@@ -57,3 +57,22 @@ def cosine(a, b) -> float:
     """Cosine similarity of two outputs, flattened, in float64."""
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def intrinsic_free_module(lib, spec):
+    """A compiled kernel library without tensor intrinsics (shuffles, maxima), runnable for ``spec``:
+    the library itself on a native row, under qemu on an Arm row, the emulated build elsewhere (the
+    same IR for this host: nothing to replace); skips naming what is missing otherwise."""
+    import pytest
+
+    from tvm_lowprec.emulation import execution_mode, load_emulated
+    from tvm_lowprec.qemu import QemuModule, unavailable_reason
+
+    mode = execution_mode(spec)
+    if mode == "native":
+        return lib
+    if mode == "qemu":
+        return QemuModule(lib, cpu=spec.qemu_cpu)
+    if mode == "emulated":
+        return load_emulated(lib)[0]
+    pytest.skip(f"{spec.name} cannot run here: {unavailable_reason()}")

@@ -8,12 +8,11 @@ import pytest
 import tvm
 from tvm import te
 
-from tvm_lowprec.emulation import execution_mode, load_emulated
-from tvm_lowprec.qemu import QemuModule, unavailable_reason
 from tvm_lowprec.schedule import schedule_func
 from tvm_lowprec.schedule.byte_transpose import ByteTransposeRule, source_positions, transpose_of
 
 from conftest import TARGETS
+from reference import intrinsic_free_module
 
 CPU_ROWS = [spec for spec in TARGETS if spec.device == "cpu"]
 
@@ -38,15 +37,6 @@ CASES = {"head-6400x16": lambda: _head_transpose(80, 80, 16), "head-1600x3": lam
 EXPECTED = {"head-6400x16": (1, 6400, 16), "head-1600x3": (1, 1600, 3), "keys-128x384": (1, 128, 384)}
 
 
-def _module(lib, spec):
-    mode = execution_mode(spec)
-    if mode == "native":
-        return lib
-    if mode == "qemu":
-        return QemuModule(lib, cpu=spec.qemu_cpu)
-    if mode == "emulated":  # generic shuffles only: the emulated build is the same IR for this host
-        return load_emulated(lib)[0]
-    pytest.skip(f"{spec.name} cannot run here: {unavailable_reason()}")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -69,7 +59,7 @@ def test_every_cpu_row_runs_the_transpose_as_shuffles_equal_to_numpy(spec, case,
     x = rng.integers(info.min, info.max + 1, in_shape).astype(dtype)
     out_shape = [int(e) for e in func.params[1].shape]
     args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros(out_shape, dtype))]
-    _module(lib, spec)["main"](*args)
+    intrinsic_free_module(lib, spec)["main"](*args)
     b, r, s = EXPECTED[case]
     want = x.reshape(b, r, s).transpose(0, 2, 1).reshape(out_shape)
     np.testing.assert_array_equal(args[1].numpy(), want)

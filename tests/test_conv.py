@@ -190,13 +190,22 @@ def test_the_image_is_quantized_straight_into_the_stems_padded_input(rng):
     assert_within_one_step(compiled(x=x)[0], want, output_scale(qdq))
 
 
+def _partitioned_script(mod, spec) -> str:
+    """``mod``'s main after TVM's lowering up to LoopPartition and the simplification after unrolling."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    passes = [s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
+              s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32),
+              s_tir.transform.LoopPartition(), tirx.transform.UnrollLoop(), tirx.transform.StmtSimplify()]
+    with spec.tvm_target(1):
+        return tvm.ir.transform.Sequential(passes)(mod)["main"].script()
+
+
 def test_an_int64_padding_copy_still_has_its_border_split_off():
     """FuseTIR needs the padding copy in TVM's int64 shapes; TVM's LoopPartition ignores the hint on an
     int64 loop, which left the border's Select in every element (a 160x160x8 copy: 3.9 -> 52 us).
     The rule narrows the indices first: the lowered interior is a plain copy, no Select."""
-    import tvm
-    from tvm import s_tir, tirx
-
     from tvm_lowprec.kernels.im2col import build_im2col
     from tvm_lowprec.quant.patterns import ConvGeometry
     from tvm_lowprec.schedule.qgemm import Im2colRule
@@ -206,11 +215,7 @@ def test_an_int64_padding_copy_still_has_its_border_split_off():
     func = build_im2col(g, "uint8", 9, "pad", gather=False)
     assert str(func.params[0].shape[0].ty) == "int64"
     sch = Im2colRule().apply(func, spec)
-    passes = [s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
-              s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32),
-              s_tir.transform.LoopPartition(), tirx.transform.UnrollLoop(), tirx.transform.StmtSimplify()]
-    with spec.tvm_target(1):
-        lowered = tvm.ir.transform.Sequential(passes)(sch.mod)["main"].script()
+    lowered = _partitioned_script(sch.mod, spec)
     assert "T.Select" not in lowered and "] = x_1[" in lowered, lowered  # border constants, interior a copy
 
 
@@ -220,7 +225,7 @@ def test_a_padding_copy_merged_into_an_integer_add_keeps_its_border_apart(channe
     residual add before a convolution): the element-wise rule splits the border off there too (no
     Select in the lowered interior) and the result is numpy's add, then pad."""
     import tvm
-    from tvm import s_tir, te, tirx
+    from tvm import te, tirx
 
     from tvm_lowprec.schedule.elementwise import ElementwiseRule
 
@@ -238,11 +243,7 @@ def test_a_padding_copy_merged_into_an_integer_add_keeps_its_border_apart(channe
     func = te.create_prim_func([a, b, y])
     spec = tvm_lowprec.resolve_target("x86-avx2")
     sch = ElementwiseRule().apply(func, spec)
-    passes = [s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
-              s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32),
-              s_tir.transform.LoopPartition(), tirx.transform.UnrollLoop(), tirx.transform.StmtSimplify()]
-    with spec.tvm_target(1):
-        lowered = tvm.ir.transform.Sequential(passes)(sch.mod)["main"].script()
+    lowered = _partitioned_script(sch.mod, spec)
     assert "T.Select" not in lowered, lowered
     lib = tvm.compile(sch.mod, target=spec.tvm_target(1))
     xa, xb = (rng.integers(0, 100, (1, 6, 7, channels)).astype(np.uint8) for _ in range(2))

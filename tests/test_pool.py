@@ -9,13 +9,12 @@ from onnx import TensorProto, helper
 from tvm import te
 
 import tvm_lowprec
-from tvm_lowprec.emulation import execution_mode, load_emulated
 from tvm_lowprec.kernels.pool import OP, separable_max_pool
-from tvm_lowprec.qemu import QemuModule, unavailable_reason
 from tvm_lowprec.schedule import schedule_func
 from tvm_lowprec.schedule.pool import SeparablePoolRule
 
 from conftest import TARGETS
+from reference import intrinsic_free_module
 
 CPU_ROWS = [spec for spec in TARGETS if spec.device == "cpu"]
 # shape, dtype, layout, pool size, strides, padding (top, left, bottom, right), dilation
@@ -51,15 +50,6 @@ def _reference(x, layout, pool_size, strides, padding, dilation):
     return out if layout == "NHWC" else out.transpose(0, 3, 1, 2)
 
 
-def _module(lib, spec):
-    mode = execution_mode(spec)
-    if mode == "native":
-        return lib
-    if mode == "qemu":
-        return QemuModule(lib, cpu=spec.qemu_cpu)
-    if mode == "emulated":  # no intrinsic: the emulated build is the same IR for this host
-        return load_emulated(lib)[0]
-    pytest.skip(f"{spec.name} cannot run here: {unavailable_reason()}")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -79,7 +69,7 @@ def test_the_separable_max_pool_equals_the_window_maximum_on_every_cpu_row(spec,
     want = _reference(x, layout, *sizes)
     lib = tvm.compile(sch.mod, target=spec.tvm_target(2)).mod
     args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros(want.shape, dtype))]
-    _module(lib, spec)["main"](*args)
+    intrinsic_free_module(lib, spec)["main"](*args)
     np.testing.assert_array_equal(args[1].numpy(), want)
 
 

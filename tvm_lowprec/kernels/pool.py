@@ -45,25 +45,19 @@ def separable_max_pool(x, pool_size, strides, padding, dilation, layout: str):
 
         source = te.compute(padded_shape, pad, name="padded")
     hp, wp = source.shape[h_axis], source.shape[w_axis]
-    out_h = (hp - dh * (kh - 1) - 1) // sh + 1
-    out_w = (wp - dw * (kw - 1) - 1) // sw + 1
-    rows_shape = list(source.shape)
-    rows_shape[w_axis] = out_w
-    rk = te.reduce_axis((0, kw), "rk")
+    rows = _max_along(source, w_axis, (wp - dw * (kw - 1) - 1) // sw + 1, kw, sw, dw, "pool_rows")
+    return _max_along(rows, h_axis, (hp - dh * (kh - 1) - 1) // sh + 1, kh, sh, dh, "pool_max")
 
-    def along_row(*i):
+
+def _max_along(source, axis: int, extent, taps: int, stride: int, dilation: int, name: str):
+    """``out[..., i, ...] = max_t source[..., i * stride + t * dilation, ...]`` along ``axis``."""
+    shape = list(source.shape)
+    shape[axis] = extent
+    t = te.reduce_axis((0, taps), "t")
+
+    def element(*i):
         at = list(i)
-        at[w_axis] = i[w_axis] * sw + rk * dw
-        return te.max(source[tuple(at)], axis=rk)
+        at[axis] = i[axis] * stride + t * dilation
+        return te.max(source[tuple(at)], axis=t)
 
-    rows = te.compute(rows_shape, along_row, name="pool_rows")
-    out_shape = list(rows_shape)
-    out_shape[h_axis] = out_h
-    ck = te.reduce_axis((0, kh), "ck")
-
-    def along_column(*i):
-        at = list(i)
-        at[h_axis] = i[h_axis] * sh + ck * dh
-        return te.max(rows[tuple(at)], axis=ck)
-
-    return te.compute(out_shape, along_column, name="pool_max")
+    return te.compute(shape, element, name=name)
