@@ -280,3 +280,48 @@ def test_a_gemm_reading_a_convolution_window_in_place_is_exact(spec, case, rng):
     want = _reference(a, b, za, 0, bias, mult, ep)
     assert len(np.unique(want)) > 20  # not all clamped
     np.testing.assert_array_equal(args[-1].numpy(), want)
+
+
+NARROW = [t for t in TARGETS if t.narrow is not None]
+
+
+def _gemm_registers(asm, mnemonic) -> set:
+    """The register kinds (``ymm``, ``zmm``) of every ``mnemonic`` instruction in ``asm``."""
+    return {kind for line in asm.splitlines() if re.match(rf"\s*(\{{\w+\}}\s*)?{mnemonic}\b", line)
+            for kind in re.findall(r"%([a-z]+)\d+", line)}
+
+
+@pytest.mark.parametrize("spec", NARROW, ids=lambda s: s.name)
+@pytest.mark.parametrize("columns", ["one", "a few", "all lanes", "one more", "the wide lanes"])
+def test_a_gemm_with_few_output_columns_takes_the_row_narrow_recipe(spec, columns, rng):
+    """A row's ``narrow`` recipe takes the GEMMs with at most its lanes output columns; wider ones
+    keep the row's default. Exact against numpy, natively and emulated, and the instruction has the
+    recipe's register width (from the perf model's assembly table, which is the rows' data)."""
+    from tvm_lowprec.perfmodel import INTRIN_ASM
+
+    narrow = spec.narrow.intrin.lanes
+    n = {"one": 1, "a few": 3, "all lanes": narrow, "one more": narrow + 1, "the wide lanes": spec.gemm.lanes}[columns]
+    want = spec.narrow.intrin if n <= narrow else spec.gemm
+    shape, operands, ep = (45, n, 36), OPERANDS[1], EPILOGUES["requant-u8"]
+    b = rng.integers(-128, 128, (36, n)).astype(np.int8)
+    layout, ex = _build(spec, QGemmProblem(*shape, "uint8", ep), b)
+    assert layout.intrin_row == want.name
+    asm = INTRIN_ASM[want.name]
+    assert _gemm_registers(ex.mod.inspect_source("asm"), asm.mnemonic) == {asm.reg}
+    runs = [run_case(spec, np.random.default_rng(3), shape, operands, ep, emulate=emulate)
+            for emulate in ((False, True) if spec in NATIVE else (True,))]
+    for got in runs[1:]:
+        np.testing.assert_array_equal(got, runs[0])
+
+
+@pytest.mark.parametrize("spec", NARROW, ids=lambda s: s.name)
+def test_a_narrow_recipe_must_be_exact_narrower_and_within_the_row_features(spec):
+    import dataclasses
+
+    from tvm_lowprec.hwspec import GemmRecipe
+
+    with pytest.raises(ValueError, match="fewer lanes"):
+        dataclasses.replace(spec, narrow=GemmRecipe(spec.gemm, spec.tiles))
+    features = tuple(f for f in spec.features if f not in spec.narrow.intrin.features[:1])
+    with pytest.raises(ValueError, match=f"{spec.narrow.intrin.name} needs"):
+        dataclasses.replace(spec, features=features)

@@ -80,9 +80,9 @@ def _host_is_x86_64() -> bool:
 
 
 def row_intrinsics(spec) -> tuple:
-    """Every intrinsic a CPU row's kernels may call: its GEMM recipes, its 16-bit activation recipe,
-    its 4-bit weight dot product, its bf16 dot product and its byte lookups."""
-    extra = (spec.int16, spec.nibble, spec.bf16)
+    """Every intrinsic a CPU row's kernels may call: its GEMM recipes (the narrow one too), its 16-bit
+    activation recipe, its 4-bit weight dot product, its bf16 dot product and its byte lookups."""
+    extra = (spec.int16, spec.nibble, spec.bf16, getattr(spec, "narrow", None))
     lookups = (spec.lookup, spec.wide_lookup, spec.register_permute)  # intrinsic rows themselves, not recipes
     return (*(r.intrin for r in spec.recipes()), *(r.intrin for r in extra if r is not None),
             *(lookup for lookup in lookups if lookup is not None))

@@ -296,6 +296,9 @@ class TargetSpec:
     aliases: tuple[str, ...] = field(default=())
     # faster recipes tried before ``gemm``, each declining weights outside its pair bound
     bounded: tuple[GemmRecipe, ...] = ()
+    # a recipe for GEMMs with at most its lanes output columns, tried first (N = 8 filling half of a zmm:
+    # a ymm vpdpbusd, which a Zen 4 issues twice as often as a zmm one); None: ``gemm`` for every N
+    narrow: GemmRecipe | None = None
     base: str = ""  # the registered row a derived spec (``native``) stands for
     # the qemu-user CPU model that runs this row's code on another host (:mod:`tvm_lowprec.qemu`): one
     # with the row's features and without the next row's, so a stray instruction dies with SIGILL
@@ -349,7 +352,11 @@ class TargetSpec:
         default = GemmRecipe(self.gemm, self.tiles)  # validates the tile table
         if self.gemm.weight_pair_bound is not None:
             raise ValueError(f"{self.name}: the default intrinsic must be exact for every weight")
-        for recipe in (*self.bounded, default, *((self.int16,) if self.int16 is not None else ())):
+        extra = tuple(r for r in (self.int16, self.narrow) if r is not None)
+        if self.narrow is not None and (self.narrow.intrin.lanes >= self.gemm.lanes
+                                        or self.narrow.intrin.weight_pair_bound is not None):
+            raise ValueError(f"{self.name}: the narrow recipe must be exact and have fewer lanes than {self.gemm.name}")
+        for recipe in (*self.bounded, default, *extra):
             missing = set(recipe.intrin.features) - set(self.features)
             if missing:
                 raise ValueError(f"{self.name}: intrinsic {recipe.intrin.name} needs {sorted(missing)}")
@@ -428,7 +435,11 @@ class TargetSpec:
             bits -= 1
         return bits
 
-    def recipe_for(self, b_signed=None) -> GemmRecipe:
+    def recipe_for(self, b_signed=None, n: int | None = None) -> GemmRecipe:
+        """The recipe for weights ``b_signed`` (None: known only at run time) and ``n`` output columns
+        (None: any): the narrow one where ``n`` fits its lanes, else the first that accepts them."""
+        if self.narrow is not None and n is not None and n <= self.narrow.intrin.lanes:
+            return self.narrow
         return next(r for r in self.recipes() if r.intrin.accepts(b_signed))
 
     def tile_for(self, m: int) -> Tile:

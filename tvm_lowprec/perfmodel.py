@@ -147,6 +147,8 @@ _UBSW = ("vpmaddubsw %{r}{b}, %{r}{a}, %{r}{tmp}", "vpmaddwd %{r}{ones}, %{r}{tm
 INTRIN_ASM: Mapping[str, IntrinAsm] = {
     "vpdpbusd_zmm": IntrinAsm("vpdpbusd", tuple(s.replace("{prefix}", "") for s in _VNNI), "zmm", 32),
     "vpdpbusd_ymm": IntrinAsm("vpdpbusd", tuple(s.replace("{prefix}", "{{vex}} ") for s in _VNNI), "ymm", 16),
+    # the EVEX form of the AVX-512 VNNI row's narrow recipe: ymm, 32 registers
+    "vpdpbusd_ymm_vl": IntrinAsm("vpdpbusd", tuple(s.replace("{prefix}", "") for s in _VNNI), "ymm", 32),
     "vpmaddwd_zmm": IntrinAsm("vpmaddwd", _MADDWD, "zmm", 32),
     "vpmaddwd_ymm": IntrinAsm("vpmaddwd", _MADDWD, "ymm", 16),
     "vpmaddubsw_zmm": IntrinAsm("vpmaddubsw", _UBSW, "zmm", 32),

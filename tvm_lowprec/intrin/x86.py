@@ -136,6 +136,8 @@ with cheap_frame_inspection():
     VNNI_512 = _vnni_row("vpdpbusd_zmm", 16, "llvm.x86.avx512.vpdpbusd.512", ("avx512f", "avx512bw", "avx512vnni"))
     # 256-bit vpdpbusd: LLVM selects the VEX (AVX-VNNI) encoding when AVX-512VL is absent.
     VNNI_256 = _vnni_row("vpdpbusd_ymm", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx2", "avxvnni"))
+    # the same instruction EVEX-encoded (AVX-512 VL): the narrow-GEMM recipe of the AVX-512 VNNI row
+    VNNI_256_VL = _vnni_row("vpdpbusd_ymm_vl", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx512vl", "avx512vnni"))
     PMADDWD_512 = _pmaddwd_row("vpmaddwd_zmm", 16, "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw"))
     PMADDWD_256 = _pmaddwd_row("vpmaddwd_ymm", 8, "llvm.x86.avx2.pmadd.wd", ("avx2",))
 
@@ -147,7 +149,7 @@ with cheap_frame_inspection():
     PMADDUBSW_256 = _pmaddubsw_row("vpmaddubsw_ymm", 8, "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd", ("avx2",))
 
 X86_INTRINSICS = {
-    row.name: row for row in (VNNI_512, VNNI_256, PMADDWD_512, PMADDWD_256, PMADDUBSW_512, PMADDUBSW_256)
+    row.name: row for row in (VNNI_512, VNNI_256, VNNI_256_VL, PMADDWD_512, PMADDWD_256, PMADDUBSW_512, PMADDUBSW_256)
 }
 
 

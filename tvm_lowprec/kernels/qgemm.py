@@ -228,7 +228,7 @@ class GemmLayout:
 
     @staticmethod
     def _choose_cpu(problem: QGemmProblem, spec: TargetSpec, b_signed=None) -> "GemmLayout":
-        recipe = spec.recipe_for(b_signed)
+        recipe = spec.recipe_for(b_signed, problem.n)
         tile = recipe.tile_for(problem.m)
         gi = recipe.intrin
         operand = gi.operand(problem.a_dtype)

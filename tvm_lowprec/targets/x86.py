@@ -1,7 +1,8 @@
 """x86 targets. One row per instruction set; tiles say why their numbers are what they are."""
 
 from ..hwspec import FmaIntrin, GemmRecipe, TargetSpec, Tile
-from ..intrin.x86 import PMADDUBSW_256, PMADDUBSW_512, PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_512, VPDPWSSD_512
+from ..intrin.x86 import (PMADDUBSW_256, PMADDUBSW_512, PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_256_VL, VNNI_512,
+                          VPDPWSSD_512)
 from ..intrin.lookup import VPERMI2B_ZMM, VPSHUFB_YMM, VPSHUFB_ZMM
 from ..intrin.permute import VPERMPS_YMM, VPERMPS_ZMM
 from ..intrin.x86_bf16 import VDPBF16PS_512
@@ -158,8 +159,14 @@ X86_TARGETS = (
         # znver4 for its scheduling model, without the AMD-only extensions (VENDOR_ONLY): LLVM emits SSE4a's
         # insertq for plain shuffles, and built with it the row faulted (SIGILL) on an Emerald Rapids host
         llvm={"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a", "-clzero", "-mwaitx", "-rdpru"]},
-        features=("avx2", "avx512f", "avx512bw", "avx512vnni"),
+        features=("avx2", "avx512f", "avx512bw", "avx512vl", "avx512vnni"),
         gemm=VNNI_512,
+        # GEMMs of at most 8 output columns (the detectors' 8-channel stems and C2f convolutions) on
+        # ymm: a zmm would carry 8 idle lanes, and Zen 4 issues a ymm vpdpbusd twice as often as a zmm
+        # one (463 GOPS either way: benchmarks/results/zen4-epyc-2core/peak.txt). Measured there, one
+        # thread: 25600x8x36 0.093 -> 0.063 ms, 6400x8x72 0.041 -> 0.030 ms (the 16-column GEMMs lost
+        # 10-30% on ymm: they keep zmm). ymm tiles: 16 registers' worth, EVEX has 32.
+        narrow=GemmRecipe(VNNI_256_VL, _VNNI_YMM_TILES),
         nibble=GemmRecipe(NIBBLE_VNNI_512, _NIBBLE_TILES),
         nibble_float=_NIBBLE_FLOAT_ZMM_TILES,
         tiles=_VNNI_ZMM_TILES,
