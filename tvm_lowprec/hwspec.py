@@ -321,10 +321,13 @@ class TargetSpec:
     # features are not the row's, and a spec derived for one CPU drops it where that CPU lacks them
     # (:meth:`for_cpu`); None: such layers run in float32
     bf16: GemmRecipe | None = None
-    # the instructions that round float32 vectors half to even (quantize's rint), the one for the row's
-    # widest vector first: what the assembly of a vectorized quantize holds (``vrndscaleps`` on zmm;
+    # the instructions that round float32 vectors half to even (``round``, ``nearbyint``), the one for the row's
+    # widest vector first: what the assembly of a vectorized rounding holds (``vrndscaleps`` on zmm;
     # ``vroundps``, VEX, up to ymm, which LLVM still picks for narrower vectors on AVX-512 rows)
     vector_round: tuple[str, ...] = ()
+    # what a vectorized quantize holds instead (its rint and conversion as :attr:`round_to_int`):
+    # ``vcvtps2dq`` on x86 (no ``vrndscaleps``/``vroundps`` left), ``frintx`` on AArch64
+    vector_convert: tuple[str, ...] = ()
     # 256-entry byte lookups (folded element-wise chains of one 8-bit tensor): a LookupIntrin the row's
     # features always have, and ``wide_lookup``, an optional faster one (AVX-512 VBMI's vpermi2b: not in
     # Cascade Lake, in Ice Lake and Zen 4/5), dropped by :meth:`for_cpu` where the CPU lacks it
@@ -337,6 +340,10 @@ class TargetSpec:
     device = "cpu"  # class constant (not a field): what selects the schedule rules and the lowering
     optional = ("bf16", "wide_lookup")  # class constant: the recipes whose features a CPU of the row may lack
     float32_requant = True  # the float32 requantization of :func:`~tvm_lowprec.kernels.qgemm.requant_f32`
+    # class constant: the LLVM intrinsic that converts float32 to int32 in the current rounding mode (half
+    # to even), which a quantize uses for its ``rint`` and its conversion in one instruction (x86's
+    # ``vcvtps2dq``; AArch64 ``frintx`` + ``fcvtzs``) where ``nearbyint`` + ``fptosi`` cost two on x86
+    round_to_int = "llvm.lrint"
 
     @property
     def row(self) -> str:
@@ -487,6 +494,7 @@ class CudaTargetSpec:
     fma = None  # no float32 FMA recipe: float layers go to the GPU pipeline's dlight rules
     bf16 = None  # no bf16 GEMM: float8 and bfloat16 layers take their float32 path
     float32_requant = False  # the FMA trick is LLVM-only; GPUs requantize through float64
+    round_to_int = None  # CUDA C has no LLVM intrinsics: a quantize rounds, then converts
 
     def __post_init__(self):
         from .cuda.mma import require_mma

@@ -32,6 +32,7 @@ from .quant.fold_qdq import fold_qdq_module
 from .quant.integer_binary import integer_binary_module
 from .quant.integer_mean import integer_mean_module
 from .quant.legalize import LEGALIZE
+from .quant.lookup_epilogue import lookup_epilogue_module
 from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
 from .quant.qdq_to_integer import rewrite_module
@@ -39,6 +40,7 @@ from .quant.row_ops import row_ops_module
 from .quant.through_concat import through_concat_module
 from .quant.weight_only import weight_only_module
 from .schedule import schedule_func
+from .schedule.lookup_epilogue import attach, gemm_part, is_fused
 
 
 def schedule_module(spec, tuned=None):
@@ -55,13 +57,17 @@ def schedule_module(spec, tuned=None):
             if relax.analysis.has_reshape_pattern(func):  # a view: TVM's lowering makes it a no-copy reshape
                 updates[gvar] = func.with_attr("lowprec.schedule", "view")
                 continue
+            fused, func = (func, gemm_part(func)) if is_fused(func) else (None, func)  # a GEMM with its lookup
             sch = tuned(func) if tuned is not None else None
             from_database = sch is not None
             sch = sch if from_database else schedule_func(func, spec)
             if sch is None:  # no rule accepts it: TVM lowers its loops as written (serial, scalar)
-                updates[gvar] = func.with_attr("lowprec.schedule", "none")
+                updates[gvar] = (fused if fused is not None else func).with_attr("lowprec.schedule", "none")
                 continue
-            scheduled = sch.mod["main"].with_attr("tir.is_scheduled", True)
+            scheduled = sch.mod["main"]
+            if fused is not None:
+                scheduled = attach(scheduled, fused, spec.lookup_intrin)
+            scheduled = scheduled.with_attr("tir.is_scheduled", True)
             updates[gvar] = scheduled.with_attr("lowprec.schedule", "tuned" if from_database else "default")
         for gvar, func in updates.items():
             mod[gvar] = func
@@ -86,6 +92,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     mod = weight_only_module(mod, spec, weight_only)
     mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
     mod = integer_binary_module(lookup_tables_module(through_concat_module(row_ops_module(mod)), spec))
+    mod = lookup_epilogue_module(mod, spec)
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)

@@ -10,6 +10,7 @@ number of element-wise operators the table stands for (``lowprec.folded``).
 
 from __future__ import annotations
 
+from tvm import tirx
 from tvm.script import tirx as T
 
 from ..intrin.lookup import code_of, vector_lookup
@@ -42,3 +43,31 @@ def build_lookup(n: int, in_dtype: str, out_dtype: str, intrin, folded: int, nam
     attrs = {"lowprec.op": OP, "op_pattern": 8, "lowprec.intrin": f"lowprec_lookup_{intrin.name}",
              "lowprec.lanes": lanes, "lowprec.folded": folded, "lowprec.shape": [n]}
     return func.with_attr("global_symbol", name).with_attrs(attrs)
+
+
+def lookup_in_place(out, table, intrin, start, stop, name: str = "looked_up"):
+    """Statements replacing ``out``'s elements ``start .. stop`` (flat positions: int or TIR
+    expressions) by their table entries, in place: a view of ``out`` as one axis, the row's vector
+    lookup over whole ``intrin.lanes`` from ``start`` (serial), the rest of the range scalar. What a
+    GEMM whose output a lookup reads (:mod:`tvm_lowprec.quant.lookup_epilogue`) runs on each task's
+    rows while they are in cache; ``out`` and the table share the 8-bit dtype."""
+    dtype, lanes = str(out.dtype), intrin.lanes
+    n = 1
+    for extent in out.shape:
+        n *= int(extent)
+    flat = tirx.decl_buffer((n,), dtype, name, data=out.data)
+    index = "int32" if isinstance(start, int) else str(start.ty)
+    start = tirx.const(start, index) if isinstance(start, int) else start
+    stop = tirx.const(stop, index) if isinstance(stop, int) else stop
+    vectors = (stop - start) // lanes
+    v, t = tirx.Var("v", index), tirx.Var("t", index)
+    at = start + v * lanes
+    body = tirx.BufferStore(flat, vector_lookup(intrin, flat, table, dtype, dtype, at), [tirx.Ramp(at, 1, lanes)])
+    tail = start + vectors * lanes + t
+    scalar = tirx.BufferStore(flat, tirx.BufferLoad(table, [intrin.slot(code_of(tirx.BufferLoad(flat, [tail]), dtype))]),
+                              [tail])
+    return tirx.SeqStmt([
+        tirx.DeclBuffer(flat, data=out.data),
+        tirx.For(v, tirx.const(0, index), vectors, tirx.ForKind.SERIAL, body),
+        tirx.For(t, tirx.const(0, index), stop - start - vectors * lanes, tirx.ForKind.SERIAL, scalar),
+    ])

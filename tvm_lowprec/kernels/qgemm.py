@@ -335,14 +335,39 @@ def requantize(acc, ep: Epilogue, mult, shift=None):
     return _requant_fixed(acc, mult, shift, ep) if ep.mode == "fixed_point" else _requant_float(acc, mult, ep)
 
 
-def quantize_linear(y, scale: float, zero_point: int, qmin: int, qmax: int, out_dtype: str):
-    """ONNX QuantizeLinear of a float32 TE value (or vector): ``clamp(rint(y / scale) + zero_point)``, half to even."""
-    sy, zy = tirx.const(np.float32(scale), "float32"), tirx.const(float(zero_point), "float32")
-    q = tirx.round(y / sy) + zy  # LLVM nearbyint: half to even
-    q = tirx.max(tirx.min(q, float(qmax)), float(qmin))
-    ty = str(q.ty)  # a vector (float32x16): the casts keep its lanes
+def quantize_linear(y, scale: float, zero_point: int, qmin: int, qmax: int, out_dtype: str,
+                    round_to_int: str | None = None, bounds: tuple[float, float] | None = None):
+    """ONNX QuantizeLinear of a float32 TE value (or vector): ``clamp(rint(y / scale) + zero_point)``, half to even.
+
+    ``round_to_int``: an LLVM intrinsic converting float32 to int32 in the current rounding mode
+    (:attr:`~tvm_lowprec.hwspec.TargetSpec.round_to_int`): the value is clamped to ``[qmin - zp, qmax -
+    zp]`` first, converted, and the zero point added to the integer (the same codes: rounding is monotone
+    and fixes integers), one instruction fewer than rounding and converting apart. ``bounds``: an
+    interval ``y`` is known to lie in; a clamp it cannot reach is left out."""
+    sy = tirx.const(np.float32(scale), "float32")
+    v = y if float(np.float32(scale)) == 1.0 else y / sy
+    ty = str(v.ty)  # a vector (float32x16): the casts keep its lanes
     lanes = ty[ty.index("x"):] if "x" in ty else ""
-    return q.astype("int32" + lanes).astype(out_dtype + lanes)
+    lo, hi = float(qmin - zero_point), float(qmax - zero_point)
+    keep_lo = keep_hi = True
+    if bounds is not None:  # the clamps ``rint(y / scale)`` cannot reach (with 2^-20 of slack for float32's rounding)
+        low, high = (float(b) / float(np.float32(scale)) for b in bounds)
+        keep_lo = np.rint(low - abs(low) * 2.0**-20) < lo
+        keep_hi = np.rint(high + abs(high) * 2.0**-20) > hi
+    if keep_hi:
+        v = tirx.min(v, hi)
+    if keep_lo:
+        v = tirx.max(v, lo)
+    if round_to_int:
+        q = tirx.call_llvm_pure_intrin("int32" + lanes, round_to_int, v)
+        if zero_point:
+            q = q + int(zero_point)
+    else:
+        q = tirx.round(v)  # LLVM nearbyint: half to even
+        if zero_point:
+            q = q + tirx.const(float(zero_point), "float32")
+        q = q.astype("int32" + lanes)
+    return q.astype(out_dtype + lanes)
 
 
 def _requant_float(x, mult, ep: Epilogue):

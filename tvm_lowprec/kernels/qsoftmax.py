@@ -120,13 +120,15 @@ def _opaque(value):
     return tirx.call_llvm_intrin(str(value.ty), "llvm.ssa.copy", value)
 
 
-def build_qsoftmax_vectors(func, permute):
+def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     """The softmax ``func`` (:func:`build_qsoftmax`) as vector code with the exponentials from
     :func:`exp_tables` looked up by ``permute`` (a :class:`~tvm_lowprec.hwspec.RegisterPermute`), or
     None where its shape does not fit the vectors: the last axis must be a multiple of
     ``permute.lanes`` and the vectors of a work item at most 64. Along the last axis one work item is a
     row, the lanes along it; along another axis one work item is ``lanes`` positions along the last
-    axis, one vector per bin."""
+    axis, one vector per bin. ``round_to_int``: the row's float-to-int conversion
+    (:attr:`~tvm_lowprec.hwspec.TargetSpec.round_to_int`) for the output's quantize, whose clamps are
+    left out where the probabilities cannot reach them (``e_k <= sum``: at most ``1 / scale_out``)."""
     x_buf, y_buf = func.params
     shape = [int(v) for v in x_buf.shape]
     axis = int(func.attrs["lowprec.axis"])
@@ -196,8 +198,9 @@ def build_qsoftmax_vectors(func, permute):
         inverse = _opaque(splat(1.0, "float32") / (total * splat(float(np.float32(out_scale)), "float32")))
     inverse = bind("inverse", inverse)
     for k in range(vectors):
-        stmts.append(tirx.BufferStore(y, quantize_linear(exps[k] * inverse, 1.0, int(zero_point), int(qmin), int(qmax),
-                                                         str(y_buf.dtype)), at(k)))
+        q = quantize_linear(exps[k] * inverse, 1.0, int(zero_point), int(qmin), int(qmax), str(y_buf.dtype),
+                            round_to_int, bounds=(0.0, 1.0 / float(np.float32(out_scale))))
+        stmts.append(tirx.BufferStore(y, q, at(k)))
     kind = tirx.ForKind.PARALLEL if math.prod(shape) >= _MIN_PARALLEL else tirx.ForKind.SERIAL
     body = tirx.For(item, 0, math.prod(extents), kind, tirx.SeqStmt(stmts))
     body = SBlockRealize([], True, SBlock([], [], [], "root", body))  # what Relax's analyses expect of a PrimFunc

@@ -46,27 +46,49 @@ def _is_nan(x):
     return bits > tirx.const(0x7F800000, "int32")
 
 
+def _round_to_int() -> str | None:
+    """The CPU rows' float-to-int conversion (:attr:`~tvm_lowprec.hwspec.TargetSpec.round_to_int`) when
+    the module is built for an LLVM target (the ``with target`` of :func:`tvm_lowprec.compile`); None
+    for CUDA or without a target (round, then convert)."""
+    from ..hwspec import TargetSpec
+
+    target = tvm.target.Target.current(allow_none=True)
+    return TargetSpec.round_to_int if target is not None and target.kind.name == "llvm" else None
+
+
 def legalize_quantize(bb, call, nan_test: bool = True):
     """``nan_test=False`` where the input cannot be NaN (:mod:`~tvm_lowprec.quant.finite_quantize`):
-    the test names the input twice, which doubles what an inlined chain computes."""
+    the test names the input twice, which doubles what an inlined chain computes. The arithmetic is
+    :func:`~tvm_lowprec.kernels.qgemm.quantize_linear`'s (scalar parameters: clamped before one
+    conversion, :func:`_round_to_int`)."""
+    from ..kernels.qgemm import quantize_linear
+
     out_dtype = str(call.attrs.out_dtype)
     if "int" not in out_dtype:  # float8: TVM's legalization
         return tvm.ir.Op.get("relax.quantize").get_attr("FLegalize")(bb, call)
     axis = int(call.attrs.axis)
     lo, hi = tirx.min_value(out_dtype), tirx.max_value(out_dtype)
+    round_to_int = _round_to_int()
+    scale, zero_point = _as_scalar(call.args[1]), _as_scalar(call.args[2])
 
     def compute(data, scale, zero_point):
         def element(*indices):
-            s = _parameter(scale, indices, axis if axis >= 0 else axis + len(indices))
-            z = _parameter(zero_point, indices, axis if axis >= 0 else axis + len(indices)).astype("float32")
-            x = data[indices]
-            q = tirx.max(tirx.min(tirx.round(x / s) + z, hi.astype("float32")), lo.astype("float32"))
-            return (tirx.Select(_is_nan(x), z, q) if nan_test else q).astype(out_dtype)
+            x = data(*indices)  # a load also of a 0-d tensor (``data[()]`` is a slice)
+            if isinstance(scale, tirx.FloatImm) and isinstance(zero_point, tirx.IntImm):
+                q = quantize_linear(x, scale.value, int(zero_point.value), int(lo.value), int(hi.value), out_dtype,
+                                    round_to_int)
+                z = tirx.const(int(zero_point.value), out_dtype)
+            else:  # per-channel (or tensor) parameters: TVM's formula
+                s = _parameter(scale, indices, axis if axis >= 0 else axis + len(indices))
+                z = _parameter(zero_point, indices, axis if axis >= 0 else axis + len(indices)).astype("float32")
+                q = tirx.max(tirx.min(tirx.round(x / s) + z, hi.astype("float32")), lo.astype("float32"))
+                q = q.astype(out_dtype)
+                z = z.astype(out_dtype)
+            return tirx.Select(_is_nan(x), z, q) if nan_test else q
 
         return te.compute(data.shape, element, name="quantized")
 
-    return bb.call_te(compute, call.args[0], _as_scalar(call.args[1]), _as_scalar(call.args[2]),
-                      primfunc_name_hint="quantize")
+    return bb.call_te(compute, call.args[0], scale, zero_point, primfunc_name_hint="quantize")
 
 
 SEPARABLE_TAPS = 25  # the smallest window taken as two 1-D passes

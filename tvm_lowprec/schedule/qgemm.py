@@ -22,6 +22,7 @@ import tvm
 from tvm.s_tir import Schedule
 
 from .blocks import find_block
+from .lookup_epilogue import WHOLE_ROWS
 
 
 def _is_qgemm(func) -> bool:
@@ -112,9 +113,14 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
     else:
         kb, ki = sch.split(k, [None, kstep])
         narrow = is_narrow(sch.mod["main"])
+        # each task of a narrow GEMM writes whole output rows (its epilogue fused under the row tiles; a
+        # row-sum term keeps it a pass of its own): WHOLE_ROWS marks that loop, for a lookup after it
+        whole_rows = find_block(sch, "rowsum") is None
         if q is not None and narrow:  # the output rows are the runs
             sch.reorder(q, panel, mo, kb, mi, g, *inner, ki)
             sch.parallel(q)
+            if whole_rows:
+                sch.annotate(q, WHOLE_ROWS, 1)
         else:
             if runs is None and narrow:
                 runs = row_runs(_extent(sch, mo))
@@ -122,6 +128,8 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
                 run, mo = sch.split(mo, runs)
                 sch.reorder(run, panel, mo, kb, mi, g, *inner, ki)
                 sch.parallel(run)
+                if whole_rows:
+                    sch.annotate(run, WHOLE_ROWS, 1)
             else:
                 sch.reorder(panel, *rows_of, mo, kb, mi, g, *inner, ki)
                 sch.parallel(_with_batch(sch, batch, panel))

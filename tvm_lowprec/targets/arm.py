@@ -83,6 +83,7 @@ ARM_TARGETS = (
     TargetSpec(
         name="arm64-i8mm",
         vector_round=("frintn",),
+        vector_convert=("frintx",),
         lookup=TBL_V16,
         llvm=_llvm("neon", "dotprod", "i8mm"),
         features=("neon", "dotprod", "i8mm"),
@@ -98,6 +99,7 @@ ARM_TARGETS = (
     TargetSpec(
         name="arm64-dotprod",
         vector_round=("frintn",),
+        vector_convert=("frintx",),
         lookup=TBL_V16,
         llvm=_llvm("neon", "dotprod"),
         features=("neon", "dotprod"),
@@ -113,6 +115,7 @@ ARM_TARGETS = (
     TargetSpec(
         name="arm64-neon",
         vector_round=("frintn",),
+        vector_convert=("frintx",),
         lookup=TBL_V16,
         llvm=_llvm("neon"),
         features=("neon",),

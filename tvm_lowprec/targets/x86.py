@@ -156,6 +156,7 @@ X86_TARGETS = (
     TargetSpec(
         name="x86-avx512-vnni",
         vector_round=("vrndscaleps", "vroundps"),
+        vector_convert=("vcvtps2dq",),
         # znver4 for its scheduling model, without the AMD-only extensions (VENDOR_ONLY): LLVM emits SSE4a's
         # insertq for plain shuffles, and built with it the row faulted (SIGILL) on an Emerald Rapids host
         llvm={"kind": "llvm", "mcpu": "znver4", "mattr": ["-sse4a", "-clzero", "-mwaitx", "-rdpru"]},
@@ -182,6 +183,7 @@ X86_TARGETS = (
     TargetSpec(
         name="x86-avx-vnni",
         vector_round=("vroundps",),
+        vector_convert=("vcvtps2dq",),
         llvm={"kind": "llvm", "mcpu": "alderlake"},
         features=("avx2", "avxvnni"),
         gemm=VNNI_256,
@@ -197,6 +199,7 @@ X86_TARGETS = (
     TargetSpec(
         name="x86-avx512",
         vector_round=("vrndscaleps", "vroundps"),
+        vector_convert=("vcvtps2dq",),
         llvm={"kind": "llvm", "mcpu": "skylake-avx512"},
         features=("avx2", "avx512f", "avx512bw"),
         gemm=PMADDWD_512,
@@ -213,6 +216,7 @@ X86_TARGETS = (
     TargetSpec(
         name="x86-avx2",
         vector_round=("vroundps",),
+        vector_convert=("vcvtps2dq",),
         llvm={"kind": "llvm", "mcpu": "haswell"},
         features=("avx2",),
         gemm=PMADDWD_256,
