@@ -20,6 +20,9 @@ MAX_ROW = (2**31 - 1) // (255 * 255)  # the squares' int32 sum stays exact
 def build_qlayernorm(shape, in_dtype: str, in_scale: float, in_zero_point: int, epsilon: float, out_dtype: str,
                      out_scale: float, out_zero_point: int, qmin: int, qmax: int, name: str = "qlayernorm"):
     """Arguments: ``x`` ``shape`` in ``in_dtype``, ``gamma`` and ``beta`` float32 ``[C]``, the output."""
+    from ..quant.legalize import target_round_to_int
+
+    round_to_int = target_round_to_int()  # the CPU rows' conversion when built for one (compile's target scope)
     shape = tuple(int(s) for s in shape)
     lead, n = shape[:-1], shape[-1]
     if n > MAX_ROW:
@@ -48,7 +51,7 @@ def build_qlayernorm(shape, in_dtype: str, in_scale: float, in_zero_point: int, 
     a = te.compute(lead, factor, name="row_factor")
     def out(*i):
         y = (centred(i).astype("float32") - mean_q[i[:-1]]) * a[i[:-1]] * gamma[i[-1]] + beta[i[-1]]
-        return quantize_linear(y, out_scale, out_zero_point, qmin, qmax, out_dtype)
+        return quantize_linear(y, out_scale, out_zero_point, qmin, qmax, out_dtype, round_to_int)
 
     y = te.compute(shape, out, name="out")
     func = te.create_prim_func([x, gamma, beta, y])

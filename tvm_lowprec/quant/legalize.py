@@ -46,7 +46,7 @@ def _is_nan(x):
     return bits > tirx.const(0x7F800000, "int32")
 
 
-def _round_to_int() -> str | None:
+def target_round_to_int() -> str | None:
     """The CPU rows' float-to-int conversion (:attr:`~tvm_lowprec.hwspec.TargetSpec.round_to_int`) when
     the module is built for an LLVM target (the ``with target`` of :func:`tvm_lowprec.compile`); None
     for CUDA or without a target (round, then convert)."""
@@ -60,7 +60,7 @@ def legalize_quantize(bb, call, nan_test: bool = True):
     """``nan_test=False`` where the input cannot be NaN (:mod:`~tvm_lowprec.quant.finite_quantize`):
     the test names the input twice, which doubles what an inlined chain computes. The arithmetic is
     :func:`~tvm_lowprec.kernels.qgemm.quantize_linear`'s (scalar parameters: clamped before one
-    conversion, :func:`_round_to_int`)."""
+    conversion, :func:`target_round_to_int`)."""
     from ..kernels.qgemm import quantize_linear
 
     out_dtype = str(call.attrs.out_dtype)
@@ -68,7 +68,7 @@ def legalize_quantize(bb, call, nan_test: bool = True):
         return tvm.ir.Op.get("relax.quantize").get_attr("FLegalize")(bb, call)
     axis = int(call.attrs.axis)
     lo, hi = tirx.min_value(out_dtype), tirx.max_value(out_dtype)
-    round_to_int = _round_to_int()
+    round_to_int = target_round_to_int()
     scale, zero_point = _as_scalar(call.args[1]), _as_scalar(call.args[2])
 
     def compute(data, scale, zero_point):
