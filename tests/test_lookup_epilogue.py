@@ -29,7 +29,7 @@ PLACEMENT = {16: "tasks", 1024: "after"}
 SHAPE = (1, 8, 12, 12)
 
 
-def _conv_silu(c_out: int) -> onnx.ModelProto:
+def _conv_silu(c_out: int, activations: str = "uint8") -> onnx.ModelProto:
     rng = np.random.default_rng(c_out)
     w = (rng.standard_normal((c_out, SHAPE[1], 3, 3)) * 0.2).astype(np.float32)
     b = (rng.standard_normal(c_out) * 0.1).astype(np.float32)
@@ -39,12 +39,15 @@ def _conv_silu(c_out: int) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     fp32 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return quantize_qdq(fp32, [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(4)])
+    from onnxruntime.quantization import QuantType
+
+    kind = QuantType.QInt8 if activations == "int8" else QuantType.QUInt8
+    return quantize_qdq(fp32, [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(4)], activation_type=kind)
 
 
 @pytest.fixture(scope="module")
 def models():
-    return {c: _conv_silu(c) for c in PLACEMENT}
+    return {**{c: _conv_silu(c) for c in PLACEMENT}, "int8": _conv_silu(16, "int8")}
 
 
 def _compile(model, spec, fuse: bool, monkeypatch):
@@ -88,7 +91,7 @@ def _fill(rng, buffer):
     return rng.integers(-2000, 2000, shape).astype(dtype)
 
 
-@pytest.mark.parametrize("c_out", list(PLACEMENT))
+@pytest.mark.parametrize("c_out", [*PLACEMENT, "int8"])  # int8: int8 activations, 16 channels (in tasks)
 @pytest.mark.parametrize("spec", CPU_ROWS, ids=lambda s: s.name)
 def test_the_fused_kernel_is_the_gemm_then_the_table_on_every_cpu_row(spec, c_out, models, rng):
     with spec.tvm_target(2):
@@ -98,7 +101,8 @@ def test_the_fused_kernel_is_the_gemm_then_the_table_on_every_cpu_row(spec, c_ou
     assert str(gemm.attrs["global_symbol"]) == str(fused.attrs[GEMM_NAME]) and len(gemm.params) == len(fused.params) - 1
     sch = pipeline.schedule_func(gemm, spec)
     one = attach(sch.mod["main"], fused, spec.lookup_intrin)
-    assert str(one.attrs["lowprec.lookup_placed"]) == PLACEMENT[c_out]
+    assert str(one.attrs["lowprec.lookup_placed"]) == PLACEMENT.get(c_out, "tasks")
+    assert str(gemm.params[-1].dtype) == ("int8" if c_out == "int8" else "uint8")
     libs = {name: tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target=spec.tvm_target(2)).mod
             for name, f in (("fused", one), ("gemm", sch.mod["main"]))}
     args = [_fill(rng, b) for b in gemm.params[:-1]]
