@@ -1,4 +1,4 @@
-"""Adds and multiplies of two 8-bit quantized tensors on their codes, in int32 fixed point
+"""Adds, subtractions and multiplies of two 8-bit quantized tensors on their codes, in int32 fixed point
 (:mod:`tvm_lowprec.quant.integer_binary`): against ``onnx.reference``, exhaustively over every pair of
 codes, and the cases that keep the float graph."""
 
@@ -15,7 +15,7 @@ ONNX_TYPE = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
 
 def qdq_binary(op, a_shape, b_shape, a=(0.05, 128, "uint8"), b=(0.02, 100, "uint8"), y=(0.07, 120, "uint8"),
                b_constant=None):
-    """DequantizeLinear(a), DequantizeLinear(b) -> Add or Mul (numpy broadcasting) -> QuantizeLinear."""
+    """DequantizeLinear(a), DequantizeLinear(b) -> Add, Sub or Mul (numpy broadcasting) -> QuantizeLinear."""
     inits = []
     for name, (scale, zp, dtype) in {"a": a, "b": b, "y": y}.items():
         inits += [numpy_helper.from_array(np.float32(scale), f"{name}_s"),
@@ -44,6 +44,8 @@ CASES = {
     "residual-add": ("Add", (1, 16, 16, 8), (1, 16, 16, 8), {}),
     "fpn-add-int8": ("Add", (1, 8, 8, 24), (1, 8, 8, 24), dict(a=(0.3, -3, "int8"), b=(0.45, 10, "int8"),
                                                                y=(0.63, 0, "int8"))),
+    "box-subtract-int8": ("Sub", (1, 2, 400), (1, 2, 400), dict(a=(0.25, -7, "int8"), b=(0.2, 4, "int8"),
+                                                                 y=(0.35, 2, "int8"))),
     "se-gate-multiply": ("Mul", (1, 12, 12, 16), (1, 1, 1, 16), dict(a=(0.04, 110, "uint8"), b=(1 / 255, 0, "uint8"),
                                                                      y=(0.025, 105, "uint8"))),
     "multiply-saturating": ("Mul", (4, 64), (4, 64), dict(a=(0.5, 128, "uint8"), b=(0.5, 128, "uint8"),
@@ -72,7 +74,7 @@ def test_a_binary_op_of_two_8bit_tensors_runs_on_the_codes_within_one_step_of_on
         assert {0, 255} <= set(np.unique(got))  # both ends reached, not wrapped
 
 
-@pytest.mark.parametrize("kind", ["add", "multiply"])
+@pytest.mark.parametrize("kind", ["add", "subtract", "multiply"])
 def test_the_integer_form_matches_the_float_graph_on_every_pair_of_codes_but_ties(kind):
     """Random scales and zero points: every accepted form gives the float graph's code on all 65536
     pairs except pairs whose exact value lies within TIE_BAND of a tie, and those by one step."""

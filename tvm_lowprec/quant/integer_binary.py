@@ -1,10 +1,12 @@
-"""Pass: an add or a multiply of two 8-bit quantized tensors runs on their codes, in int32 fixed point.
+"""Pass: an add, a subtract or a multiply of two 8-bit quantized tensors runs on their codes, in int32 fixed point.
 
-``quantize(dequantize(a) + dequantize(b))`` (a residual add, the FPN's adds) and
+``quantize(dequantize(a) + dequantize(b))`` (a residual add, the FPN's adds), ``quantize(dequantize(a) -
+dequantize(b))`` (a detector head's box decoding: the add with ``-Mb``) and
 ``quantize(dequantize(a) * dequantize(b))`` (a squeeze-excite gate, broadcast per channel), with
 per-tensor scales ``sa, sb, sy`` and zero points ``za, zb, zy``, are::
 
     add:       y = zy + round(Ma (a - za) + Mb (b - zb)),   Ma = sa / sy, Mb = sb / sy
+    subtract:  y = zy + round(Ma (a - za) - Mb (b - zb))
     multiply:  y = zy + round(M (a - za)(b - zb)),          M = sa sb / sy
 
 clamped to the output's range, in int32 (:class:`IntegerForm`): ``(A a + B b + C) >> F`` for the add,
@@ -43,10 +45,11 @@ from .patterns import call_of, constant, dtype_of, mutate_relax_functions, qpara
 from .requant import qrange
 
 EIGHT_BIT = ("uint8", "int8")
-OPS = {"relax.add": "add", "relax.multiply": "multiply"}
+OPS = {"relax.add": "add", "relax.subtract": "subtract", "relax.multiply": "multiply"}
 TIE_BAND = 2.0**-12  # a pair may differ from the float graph (by one step) only this close to a tie
 _INT32 = 2**31 - 1
 _MAX_SHIFT = 30
+LINEAR = {"add": 1, "subtract": -1}  # the sign of b's term: a subtraction is an add with -Mb
 LOW_BITS = 15  # the multiply's multiplier: high part times 2^15 plus a low part below 2^15
 
 
@@ -79,21 +82,21 @@ def _float_graph(kind, a, b, sa, za, sb, zb, sy, zy, qmin, qmax) -> np.ndarray:
     """The ONNX definition in float32: dequantize both, add or multiply, quantize (rint, half to even)."""
     fa = (a - za).astype(np.float32) * np.float32(sa)
     fb = (b - zb).astype(np.float32) * np.float32(sb)
-    f = fa + fb if kind == "add" else fa * fb
+    f = fa + fb if kind == "add" else fa - fb if kind == "subtract" else fa * fb
     return np.clip(np.rint(f / np.float32(sy)) + zy, qmin, qmax).astype(np.int64)
 
 
 def _exact(kind, a, b, sa, za, sb, zb, sy, zy) -> np.ndarray:
     """The value before rounding, in float64 (from the float32 parameters)."""
     sa, sb, sy = (float(np.float32(s)) for s in (sa, sb, sy))
-    if kind == "add":
-        return (sa * (a - za) + sb * (b - zb)) / sy + zy
+    if kind in LINEAR:
+        return (sa * (a - za) + LINEAR[kind] * sb * (b - zb)) / sy + zy
     return sa * sb * (a - za) * (b - zb) / sy + zy
 
 
 def _integer(form: IntegerForm, a, b) -> np.ndarray:
     """The form evaluated in int64 (every intermediate inside int32 by construction)."""
-    if form.kind == "add":
+    if form.kind in LINEAR:
         acc = form.a * a + form.b * b + form.c
     else:
         p = (a - form.za) * (b - form.zb)
@@ -115,7 +118,7 @@ def _largest_shift(bound) -> int | None:
 
 
 def integer_form(kind, a_dtype, sa, za, b_dtype, sb, zb, out_dtype, sy, zy) -> IntegerForm | None:
-    """The fixed-point form of ``kind`` ("add" or "multiply") for these parameters, checked on every
+    """The fixed-point form of ``kind`` ("add", "subtract" or "multiply") for these parameters, checked on every
     pair of codes; None where int32 cannot hold it or it differs from the float graph away from ties."""
     qmin, qmax = qrange(out_dtype)
     lo_a, hi_a = np.iinfo(a_dtype).min, np.iinfo(a_dtype).max
@@ -123,8 +126,8 @@ def integer_form(kind, a_dtype, sa, za, b_dtype, sb, zb, out_dtype, sy, zy) -> I
     sa, sb, sy = (float(np.float32(s)) for s in (sa, sb, sy))
     if not all(math.isfinite(s) and s > 0 for s in (sa, sb, sy)):
         return None
-    if kind == "add":
-        ma, mb = sa / sy, sb / sy
+    if kind in LINEAR:
+        ma, mb = sa / sy, LINEAR[kind] * sb / sy
 
         def make(shift):
             a_, b_ = round(ma * 2**shift), round(mb * 2**shift)
@@ -153,7 +156,7 @@ def integer_form(kind, a_dtype, sa, za, b_dtype, sb, zb, out_dtype, sy, zy) -> I
     if shift is None:
         return None
     form = make(shift)
-    if form.a == 0 or (kind == "add" and form.b == 0):  # a multiplier below 2^-F: not worth a kernel
+    if form.a == 0 or (kind in LINEAR and form.b == 0):  # a multiplier below 2^-F: not worth a kernel
         return None
     a, b = np.meshgrid(_codes(a_dtype), _codes(b_dtype), indexing="ij")
     want = _float_graph(kind, a, b, sa, za, sb, zb, sy, zy, qmin, qmax)
@@ -175,7 +178,7 @@ def _int32(value: int):
 def integer_expr(form: IntegerForm, a, b, out_dtype: str):
     """The Relax expression of ``form`` on the codes ``a`` and ``b`` (broadcast as the graph's op)."""
     a32, b32 = relax.op.astype(a, "int32"), relax.op.astype(b, "int32")
-    if form.kind == "add":
+    if form.kind in LINEAR:
         acc = relax.op.add(relax.op.add(relax.op.multiply(a32, _int32(form.a)), relax.op.multiply(b32, _int32(form.b))),
                            _int32(form.c))
     else:
