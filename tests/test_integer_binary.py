@@ -121,3 +121,68 @@ def test_a_constant_operand_or_per_channel_parameters_keep_the_float_graph(rng):
     a, b = rng.integers(0, 256, (1, 4, 4, 8)).astype(np.uint8), rng.integers(0, 256, (1, 4, 4, 8)).astype(np.uint8)
     want = ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0]
     assert np.abs(compiled(a, b)[0].astype(int) - want.astype(int)).max() <= 1
+
+
+def _bias_model(bias, x_shape, x=(0.05, 128, "uint8"), y=(0.07, 120, "uint8"), quantized_bias=None):
+    """DequantizeLinear(x) + bias -> QuantizeLinear: the bias a float32 constant, or (``quantized_bias``:
+    int8 values, scale, zero point) the DequantizeLinear of one, as ONNX Runtime quantizes an Add's bias."""
+    inits = [numpy_helper.from_array(np.float32(x[0]), "x_s"), numpy_helper.from_array(np.array(x[1], x[2]), "x_z"),
+             numpy_helper.from_array(np.float32(y[0]), "y_s"), numpy_helper.from_array(np.array(y[1], y[2]), "y_z")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "x_s", "x_z"], ["xf"])]
+    if quantized_bias is None:
+        inits.append(numpy_helper.from_array(bias.astype(np.float32), "bias"))
+    else:
+        q, s, z = quantized_bias
+        inits += [numpy_helper.from_array(q, "bq"), numpy_helper.from_array(np.float32(s), "b_s"),
+                  numpy_helper.from_array(np.array(z, q.dtype), "b_z")]
+        nodes.append(helper.make_node("DequantizeLinear", ["bq", "b_s", "b_z"], ["bias"]))
+    nodes += [helper.make_node("Add", ["xf", "bias"], ["yf"]), helper.make_node("QuantizeLinear", ["yf", "y_s", "y_z"], ["y"])]
+    graph = helper.make_graph(nodes, "bias", [helper.make_tensor_value_info("x", ONNX_TYPE[x[2]], list(x_shape))],
+                              [helper.make_tensor_value_info("y", ONNX_TYPE[y[2]], list(x_shape))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+@pytest.mark.parametrize("bias_kind", ["float", "quantized"])
+def test_a_constant_bias_after_a_quantized_tensor_runs_on_the_codes(bias_kind, rng):
+    """A GEMM's output, quantized, then a per-channel float bias added and quantized again (BERT's
+    projections as ONNX Runtime quantizes them): ``(A x + C[channel]) >> F`` in int32, no float."""
+    shape = (1, 16, 64)
+    if bias_kind == "float":
+        model = _bias_model((rng.standard_normal(64) * 0.8).astype(np.float32), shape)
+    else:
+        model = _bias_model(None, shape, quantized_bias=(rng.integers(-127, 128, 64).astype(np.int8), 0.006, 0))
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    (kernel,) = compiled.kernels()
+    source = compiled._lowered[kernel.name].script()
+    assert "float32" not in source and "right_shift" in kernel.name, kernel.name
+    x = _codes(rng, shape, "uint8")
+    x.reshape(-1)[:256] = np.arange(256)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = compiled(x)[0]
+    diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.999
+    assert len(np.unique(got)) > 100
+
+
+def test_the_bias_form_matches_the_float_graph_on_every_code_and_bias_value_but_ties():
+    from tvm_lowprec.quant.integer_binary import bias_form
+
+    rng = np.random.default_rng(11)
+    accepted = 0
+    for _ in range(25):
+        sx, sy = np.exp(rng.uniform(-5, 0, 2))
+        zx, zy = (int(z) for z in rng.integers(0, 256, 2))
+        v = (rng.standard_normal(48) * sy * 40).astype(np.float32)
+        form = bias_form("uint8", sx, zx, v, "uint8", sy, zy)
+        if form is None:
+            continue
+        accepted += 1
+        x = np.arange(256)[:, None]
+        fx = (x - zx).astype(np.float32) * np.float32(sx)
+        want = np.clip(np.rint((fx + v[None, :]) / np.float32(sy)) + zy, 0, 255)
+        got = np.clip((form.a * x + form.c.astype(np.int64)[None, :]) >> form.shift, 0, 255)
+        differ = got != want
+        assert int(differ.sum()) == form.ties
+        exact = ((sx * (x - zx) + v[None, :].astype(np.float64)) / sy + zy)[differ]
+        assert np.all(np.abs(exact - np.floor(exact) - 0.5) <= TIE_BAND) and np.abs(got - want).max() <= 1
+    assert accepted >= 20

@@ -2,7 +2,9 @@
 
 ``quantize(dequantize(a) + dequantize(b))`` (a residual add, the FPN's adds), ``quantize(dequantize(a) -
 dequantize(b))`` (a detector head's box decoding: the add with ``-Mb``) and
-``quantize(dequantize(a) * dequantize(b))`` (a squeeze-excite gate, broadcast per channel), with
+``quantize(dequantize(a) * dequantize(b))`` (a squeeze-excite gate, broadcast per channel), and
+``quantize(dequantize(x) + v)`` with ``v`` a float32 constant or the dequantize of one (a bias per
+channel after a quantized GEMM: :func:`bias_form`), with
 per-tensor scales ``sa, sb, sy`` and zero points ``za, zb, zy``, are::
 
     add:       y = zy + round(Ma (a - za) + Mb (b - zb)),   Ma = sa / sy, Mb = sb / sy
@@ -171,6 +173,73 @@ def integer_form(kind, a_dtype, sa, za, b_dtype, sb, zb, out_dtype, sy, zy) -> I
     return IntegerForm(**{**form.__dict__, "ties": int(differ.sum())})
 
 
+@dataclass(frozen=True)
+class BiasForm:
+    """``y = clamp((A x + C) >> shift)`` for ``quantize(dequantize(x) + v)`` with ``v`` a float32
+    constant tensor (a bias per channel after a quantized GEMM): ``C`` an int32 tensor of ``v``'s shape
+    holding ``v / sy``, the zero points and the rounding's half; ``ties`` as :class:`IntegerForm`'s."""
+
+    a: int
+    c: np.ndarray
+    shift: int
+    qmin: int
+    qmax: int
+    ties: int = 0
+
+
+def bias_form(x_dtype, sx, zx, v, out_dtype, sy, zy) -> BiasForm | None:
+    """The fixed-point form of ``quantize(dequantize(x) + v)`` (per-tensor parameters, ``v`` any float32
+    constant), checked on every code against every distinct value of ``v`` as :func:`integer_form`
+    checks a pair; None where int32 cannot hold it or it differs away from ties."""
+    qmin, qmax = qrange(out_dtype)
+    sx, sy = (float(np.float32(s)) for s in (sx, sy))
+    v = np.asarray(v, np.float32)
+    if not (math.isfinite(sx) and math.isfinite(sy) and sx > 0 and sy > 0) or not np.all(np.isfinite(v)) or v.size == 0:
+        return None
+    values = np.unique(v)
+    codes = _codes(x_dtype)
+    lo, hi = int(codes.min()), int(codes.max())
+    m, offsets = sx / sy, values.astype(np.float64) / sy
+
+    def make(shift):
+        a = round(m * 2**shift)
+        c = np.round(offsets * 2**shift).astype(np.int64) + zy * 2**shift - a * zx + 2 ** (shift - 1)
+        return a, c
+
+    def bound(shift):
+        a, c = make(shift)
+        return max(abs(a * lo) + int(np.abs(c).max()), abs(a * hi) + int(np.abs(c).max()))
+
+    shift = _largest_shift(bound)
+    if shift is None:
+        return None
+    a, c = make(shift)
+    if a == 0:
+        return None
+    x, k = np.meshgrid(codes, np.arange(len(values)), indexing="ij")
+    fx = (x - zx).astype(np.float32) * np.float32(sx)
+    want = np.clip(np.rint((fx + values[k]) / np.float32(sy)) + zy, qmin, qmax).astype(np.int64)
+    got = np.clip((a * x + c[k]) >> shift, qmin, qmax)
+    differ = got != want
+    ties = 0
+    if differ.any():
+        exact = ((sx * (x - zx) + values[k].astype(np.float64)) / sy + zy)[differ]
+        if np.abs(got - want)[differ].max() > 1 or not np.all(np.abs(exact - np.floor(exact) - 0.5) <= TIE_BAND):
+            return None
+        ties = int(differ.sum())
+    table = dict(zip(values.tolist(), c.tolist()))
+    per_element = np.vectorize(table.__getitem__, otypes=[np.int64])(v) if v.ndim else np.int64(table[float(v)])
+    return BiasForm(a, np.asarray(per_element, np.int32), shift, qmin, qmax, ties)
+
+
+def bias_expr(form: BiasForm, x, out_dtype: str):
+    """The Relax expression of ``form`` on the codes ``x`` (``C`` broadcast as the graph's add)."""
+    acc = relax.op.add(relax.op.multiply(relax.op.astype(x, "int32"), _int32(form.a)), relax.const(form.c, "int32"))
+    y = relax.op.right_shift(acc, _int32(form.shift))
+    y = relax.op.minimum(relax.op.maximum(y, _int32(form.qmin)), _int32(form.qmax))
+    return relax.op.astype(y, out_dtype)
+
+
 def _int32(value: int):
     return relax.const(np.int32(value), "int32")
 
@@ -192,6 +261,22 @@ def integer_expr(form: IntegerForm, a, b, out_dtype: str):
     return relax.op.astype(y, out_dtype)
 
 
+def _dequantized_constant(expr, dq, lookup) -> np.ndarray | None:
+    """A float32 constant operand: a constant, or the dequantize of one (ONNX Runtime quantizes an Add's
+    constant bias too), in float32 as DequantizeLinear computes it."""
+    if dq is None:
+        return constant(expr, lookup)
+    q = constant(dq.args[0], lookup)
+    p = qparams(dq, lookup, "constant operand dequantize") if q is not None else None
+    if p is None:
+        return None
+    shape = [1] * q.ndim
+    if not p.per_tensor:
+        shape[p.axis] = -1
+    scale, zero = p.scale.reshape(shape if not p.per_tensor else ()), p.zero_point.reshape(shape if not p.per_tensor else ())
+    return ((q.astype(np.float32) - zero.astype(np.float32)) * scale).astype(np.float32)
+
+
 def _scalar(values):
     return np.asarray(values).reshape(())
 
@@ -201,6 +286,7 @@ class _IntegerBinary(relax.PyExprMutator):
     def __init__(self, mod=None):
         super().__init__(mod)
         self.forms: list[IntegerForm] = []
+        self.biases: list[BiasForm] = []
         self.error = None
 
     def visit_call_(self, call):
@@ -219,6 +305,10 @@ class _IntegerBinary(relax.PyExprMutator):
         if core is None or static_shape(core) is None:
             return call
         dqs = [call_of(x, "dequantize", lookup) for x in core.args]
+        if OPS[core.op.name] in LINEAR:
+            rewritten = self._with_constant(call, core, dqs)
+            if rewritten is not None:
+                return rewritten
         if any(dq is None or dtype_of(dq.args[0]) not in EIGHT_BIT or constant(dq.args[0], lookup) is not None
                for dq in dqs):  # two runtime tensors: a constant operand is a float op of one tensor
             return call
@@ -234,6 +324,29 @@ class _IntegerBinary(relax.PyExprMutator):
             return call
         self.forms.append(form)
         return integer_expr(form, da.args[0], db.args[0], dtype_of(call))
+
+
+    def _with_constant(self, call, core, dqs):
+        """``quantize(dequantize(x) + v)``, ``quantize(v + dequantize(x))`` or ``quantize(dequantize(x) - v)``
+        with ``v`` a float32 constant: :func:`bias_form`, or None."""
+        lookup = self.lookup_binding
+        kind = OPS[core.op.name]
+        for i in ((0, 1) if kind == "add" else (0,)):
+            dq, other = dqs[i], core.args[1 - i]
+            v = _dequantized_constant(other, dqs[1 - i], lookup)
+            if dq is None or v is None or v.dtype != np.float32 or dtype_of(dq.args[0]) not in EIGHT_BIT \
+                    or constant(dq.args[0], lookup) is not None:
+                continue
+            p, out = qparams(dq, lookup, "bias operand dequantize"), qparams(call, lookup, "bias output quantize")
+            if p is None or out is None or not p.per_tensor or not out.per_tensor:
+                return None
+            form = bias_form(dtype_of(dq.args[0]), _scalar(p.scale), int(_scalar(p.zero_point)),
+                             v if kind == "add" else -v, dtype_of(call), _scalar(out.scale), int(_scalar(out.zero_point)))
+            if form is None:
+                return None
+            self.biases.append(form)
+            return bias_expr(form, dq.args[0], dtype_of(call))
+        return None
 
 
 def integer_binary_module(mod):
