@@ -10,6 +10,8 @@ number of element-wise operators the table stands for (``lowprec.folded``).
 
 from __future__ import annotations
 
+import math
+
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -52,10 +54,7 @@ def lookup_in_place(out, table, intrin, start, stop, name: str = "looked_up"):
     GEMM whose output a lookup reads (:mod:`tvm_lowprec.quant.lookup_epilogue`) runs on each task's
     rows while they are in cache; ``out`` and the table share the 8-bit dtype."""
     dtype, lanes = str(out.dtype), intrin.lanes
-    n = 1
-    for extent in out.shape:
-        n *= int(extent)
-    flat = tirx.decl_buffer((n,), dtype, name, data=out.data)
+    flat = tirx.decl_buffer((math.prod(int(e) for e in out.shape),), dtype, name, data=out.data)
     index = "int32" if isinstance(start, int) else str(start.ty)
     start = tirx.const(start, index) if isinstance(start, int) else start
     stop = tirx.const(stop, index) if isinstance(stop, int) else stop

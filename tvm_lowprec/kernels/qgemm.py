@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import tvm
 from tvm import te, tirx
 
 from ..hwspec import TargetSpec
@@ -333,6 +334,14 @@ def requantize(acc, ep: Epilogue, mult, shift=None):
     """The requantizing epilogue of one int32 accumulator value (TE expression); ``shift`` in
     ``"fixed_point"`` mode, where ``mult`` is the int32 multiplier."""
     return _requant_fixed(acc, mult, shift, ep) if ep.mode == "fixed_point" else _requant_float(acc, mult, ep)
+
+
+def target_round_to_int() -> str | None:
+    """The CPU rows' float-to-int conversion (:attr:`~tvm_lowprec.hwspec.TargetSpec.round_to_int`) when
+    the module is built for an LLVM target (the ``with target`` of :func:`tvm_lowprec.compile`); None
+    for CUDA or without a target (round, then convert)."""
+    target = tvm.target.Target.current(allow_none=True)
+    return TargetSpec.round_to_int if target is not None and target.kind.name == "llvm" else None
 
 
 def quantize_linear(y, scale: float, zero_point: int, qmin: int, qmax: int, out_dtype: str,

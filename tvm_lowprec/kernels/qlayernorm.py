@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
-from .qgemm import quantize_linear
+from .qgemm import quantize_linear, target_round_to_int
 
 MAX_ROW = (2**31 - 1) // (255 * 255)  # the squares' int32 sum stays exact
 
@@ -20,8 +20,6 @@ MAX_ROW = (2**31 - 1) // (255 * 255)  # the squares' int32 sum stays exact
 def build_qlayernorm(shape, in_dtype: str, in_scale: float, in_zero_point: int, epsilon: float, out_dtype: str,
                      out_scale: float, out_zero_point: int, qmin: int, qmax: int, name: str = "qlayernorm"):
     """Arguments: ``x`` ``shape`` in ``in_dtype``, ``gamma`` and ``beta`` float32 ``[C]``, the output."""
-    from ..quant.legalize import target_round_to_int
-
     round_to_int = target_round_to_int()  # the CPU rows' conversion when built for one (compile's target scope)
     shape = tuple(int(s) for s in shape)
     lead, n = shape[:-1], shape[-1]

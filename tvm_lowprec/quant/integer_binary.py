@@ -161,16 +161,22 @@ def integer_form(kind, a_dtype, sa, za, b_dtype, sb, zb, out_dtype, sy, zy) -> I
     if form.a == 0 or (kind in LINEAR and form.b == 0):  # a multiplier below 2^-F: not worth a kernel
         return None
     a, b = np.meshgrid(_codes(a_dtype), _codes(b_dtype), indexing="ij")
-    want = _float_graph(kind, a, b, sa, za, sb, zb, sy, zy, qmin, qmax)
-    got = _integer(form, a, b)
+    ties = _ties(_integer(form, a, b), _float_graph(kind, a, b, sa, za, sb, zb, sy, zy, qmin, qmax),
+                 lambda: _exact(kind, a, b, sa, za, sb, zb, sy, zy))
+    return None if ties is None else IntegerForm(**{**form.__dict__, "ties": ties})
+
+
+def _ties(got, want, exact) -> int | None:
+    """How many codes ``got`` differs from the float graph's ``want`` on, where each differs by one step
+    and its exact value (``exact()``, the same shape) lies within :data:`TIE_BAND` of a tie; None where
+    one does not."""
     differ = got != want
     if not differ.any():
-        return form
-    exact = _exact(kind, a, b, sa, za, sb, zb, sy, zy)[differ]
-    near_tie = np.abs(exact - np.floor(exact) - 0.5) <= TIE_BAND
-    if np.abs(got - want)[differ].max() > 1 or not near_tie.all():
+        return 0
+    value = exact()[differ]
+    if np.abs(got - want)[differ].max() > 1 or not np.all(np.abs(value - np.floor(value) - 0.5) <= TIE_BAND):
         return None
-    return IntegerForm(**{**form.__dict__, "ties": int(differ.sum())})
+    return int(differ.sum())
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,7 @@ def bias_form(x_dtype, sx, zx, v, out_dtype, sy, zy) -> BiasForm | None:
     v = np.asarray(v, np.float32)
     if not (math.isfinite(sx) and math.isfinite(sy) and sx > 0 and sy > 0) or not np.all(np.isfinite(v)) or v.size == 0:
         return None
-    values = np.unique(v)
+    values, index = np.unique(v, return_inverse=True)
     codes = _codes(x_dtype)
     lo, hi = int(codes.min()), int(codes.max())
     m, offsets = sx / sy, values.astype(np.float64) / sy
@@ -219,22 +225,21 @@ def bias_form(x_dtype, sx, zx, v, out_dtype, sy, zy) -> BiasForm | None:
     x, k = np.meshgrid(codes, np.arange(len(values)), indexing="ij")
     fx = (x - zx).astype(np.float32) * np.float32(sx)
     want = np.clip(np.rint((fx + values[k]) / np.float32(sy)) + zy, qmin, qmax).astype(np.int64)
-    got = np.clip((a * x + c[k]) >> shift, qmin, qmax)
-    differ = got != want
-    ties = 0
-    if differ.any():
-        exact = ((sx * (x - zx) + values[k].astype(np.float64)) / sy + zy)[differ]
-        if np.abs(got - want)[differ].max() > 1 or not np.all(np.abs(exact - np.floor(exact) - 0.5) <= TIE_BAND):
-            return None
-        ties = int(differ.sum())
-    table = dict(zip(values.tolist(), c.tolist()))
-    per_element = np.vectorize(table.__getitem__, otypes=[np.int64])(v) if v.ndim else np.int64(table[float(v)])
-    return BiasForm(a, np.asarray(per_element, np.int32), shift, qmin, qmax, ties)
+    ties = _ties(np.clip((a * x + c[k]) >> shift, qmin, qmax), want,
+                 lambda: (sx * (x - zx) + values[k].astype(np.float64)) / sy + zy)
+    if ties is None:
+        return None
+    return BiasForm(a, c[index].reshape(v.shape).astype(np.int32), shift, qmin, qmax, ties)
 
 
 def bias_expr(form: BiasForm, x, out_dtype: str):
     """The Relax expression of ``form`` on the codes ``x`` (``C`` broadcast as the graph's add)."""
     acc = relax.op.add(relax.op.multiply(relax.op.astype(x, "int32"), _int32(form.a)), relax.const(form.c, "int32"))
+    return _shifted(acc, form, out_dtype)
+
+
+def _shifted(acc, form, out_dtype: str):
+    """``clamp(acc >> form.shift)`` in ``out_dtype``: the end of every form's expression."""
     y = relax.op.right_shift(acc, _int32(form.shift))
     y = relax.op.minimum(relax.op.maximum(y, _int32(form.qmin)), _int32(form.qmax))
     return relax.op.astype(y, out_dtype)
@@ -256,9 +261,7 @@ def integer_expr(form: IntegerForm, a, b, out_dtype: str):
             p = relax.op.minimum(relax.op.maximum(p, _int32(-form.clip)), _int32(form.clip))
         low = relax.op.right_shift(relax.op.multiply(p, _int32(form.b)), _int32(LOW_BITS))
         acc = relax.op.add(relax.op.add(relax.op.multiply(p, _int32(form.a)), low), _int32(form.c))
-    y = relax.op.right_shift(acc, _int32(form.shift))
-    y = relax.op.minimum(relax.op.maximum(y, _int32(form.qmin)), _int32(form.qmax))
-    return relax.op.astype(y, out_dtype)
+    return _shifted(acc, form, out_dtype)
 
 
 def _dequantized_constant(expr, dq, lookup) -> np.ndarray | None:
@@ -270,11 +273,11 @@ def _dequantized_constant(expr, dq, lookup) -> np.ndarray | None:
     p = qparams(dq, lookup, "constant operand dequantize") if q is not None else None
     if p is None:
         return None
-    shape = [1] * q.ndim
-    if not p.per_tensor:
-        shape[p.axis] = -1
-    scale, zero = p.scale.reshape(shape if not p.per_tensor else ()), p.zero_point.reshape(shape if not p.per_tensor else ())
-    return ((q.astype(np.float32) - zero.astype(np.float32)) * scale).astype(np.float32)
+    scale, zero = p.scale, p.zero_point.astype(np.float32)
+    if not p.per_tensor:  # along the dequantize's axis
+        along = [-1 if i == p.axis % q.ndim else 1 for i in range(q.ndim)]
+        scale, zero = scale.reshape(along), zero.reshape(along)
+    return ((q.astype(np.float32) - zero) * scale).astype(np.float32)
 
 
 def _scalar(values):
@@ -286,7 +289,6 @@ class _IntegerBinary(relax.PyExprMutator):
     def __init__(self, mod=None):
         super().__init__(mod)
         self.forms: list[IntegerForm] = []
-        self.biases: list[BiasForm] = []
         self.error = None
 
     def visit_call_(self, call):
@@ -325,7 +327,6 @@ class _IntegerBinary(relax.PyExprMutator):
         self.forms.append(form)
         return integer_expr(form, da.args[0], db.args[0], dtype_of(call))
 
-
     def _with_constant(self, call, core, dqs):
         """``quantize(dequantize(x) + v)``, ``quantize(v + dequantize(x))`` or ``quantize(dequantize(x) - v)``
         with ``v`` a float32 constant: :func:`bias_form`, or None."""
@@ -344,7 +345,6 @@ class _IntegerBinary(relax.PyExprMutator):
                              v if kind == "add" else -v, dtype_of(call), _scalar(out.scale), int(_scalar(out.zero_point)))
             if form is None:
                 return None
-            self.biases.append(form)
             return bias_expr(form, dq.args[0], dtype_of(call))
         return None
 

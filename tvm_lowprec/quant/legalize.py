@@ -46,22 +46,12 @@ def _is_nan(x):
     return bits > tirx.const(0x7F800000, "int32")
 
 
-def target_round_to_int() -> str | None:
-    """The CPU rows' float-to-int conversion (:attr:`~tvm_lowprec.hwspec.TargetSpec.round_to_int`) when
-    the module is built for an LLVM target (the ``with target`` of :func:`tvm_lowprec.compile`); None
-    for CUDA or without a target (round, then convert)."""
-    from ..hwspec import TargetSpec
-
-    target = tvm.target.Target.current(allow_none=True)
-    return TargetSpec.round_to_int if target is not None and target.kind.name == "llvm" else None
-
-
 def legalize_quantize(bb, call, nan_test: bool = True):
     """``nan_test=False`` where the input cannot be NaN (:mod:`~tvm_lowprec.quant.finite_quantize`):
     the test names the input twice, which doubles what an inlined chain computes. The arithmetic is
     :func:`~tvm_lowprec.kernels.qgemm.quantize_linear`'s (scalar parameters: clamped before one
-    conversion, :func:`target_round_to_int`)."""
-    from ..kernels.qgemm import quantize_linear
+    conversion, :func:`~tvm_lowprec.kernels.qgemm.target_round_to_int`)."""
+    from ..kernels.qgemm import quantize_linear, target_round_to_int
 
     out_dtype = str(call.attrs.out_dtype)
     if "int" not in out_dtype:  # float8: TVM's legalization

@@ -3,8 +3,8 @@
 A convolution followed by SiLU (or any chain of one 8-bit tensor that
 :mod:`~tvm_lowprec.quant.lookup_tables` folded into a 256-entry table) is ``y = qgemm(...)``, then
 ``lookup(reshape(y))``: a kernel of its own that reads the GEMM's output back from memory. Where
-``y`` has no other reader (through reshapes and aliases, each read once), the GEMM's output is 2-D (``[M, N]``, no batch) and the table maps its
-8-bit dtype to itself, the two become one kernel (:func:`with_lookup`): the GEMM's PrimFunc with the
+``y`` has no other reader (through reshapes and aliases, each read once), the GEMM's output is 2-D
+(``[M, N]``, no batch) and the table maps its 8-bit dtype to itself, the two become one kernel (:func:`with_lookup`): the GEMM's PrimFunc with the
 packed table as a parameter before the output, and its output replaced by the looked-up values in
 place. The scheduled GEMM runs the lookup on each parallel task's rows right after its epilogue wrote
 them, while they are in cache (:mod:`tvm_lowprec.schedule.lookup_epilogue`); the unscheduled
@@ -16,6 +16,8 @@ Runs after :mod:`~tvm_lowprec.quant.lookup_tables`, on the rows with a vector by
 """
 
 from __future__ import annotations
+
+import math
 
 import tvm
 from tvm import relax, tirx
@@ -33,28 +35,36 @@ EIGHT_BIT = ("uint8", "int8")
 MOVES = ("reshape",)
 
 
-def _attrs(func) -> dict:
+def attrs_of(func) -> dict:
     return dict(func.attrs) if func.attrs is not None else {}
+
+
+def root_items(func) -> list:
+    """The statements of a PrimFunc's root block, in order."""
+    body = func.body.block.body
+    return list(body) if isinstance(body, tirx.SeqStmt) else [body]
+
+
+def with_root_body(func, items, params, attrs):
+    """``func`` with its root block's body made of ``items``, and ``params`` and ``attrs``."""
+    realize, root = func.body, func.body.block
+    body = items[0] if len(items) == 1 else tirx.SeqStmt(items)
+    block = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init, root.alloc_buffers,
+                   root.match_buffers, root.annotations)
+    return tirx.PrimFunc(params, SBlockRealize(realize.iter_values, realize.predicate, block),
+                         func.ret_type).with_attrs(attrs)
 
 
 def with_lookup(gemm, intrin, folded: int, name: str):
     """The qgemm PrimFunc ``gemm`` with ``out = table[out]`` after it: params ``(..., table, out)``."""
     out = gemm.params[-1]
-    n = 1
-    for extent in out.shape:
-        n *= int(extent)
     table = tirx.decl_buffer((intrin.table_bytes,), str(out.dtype), "lookup_table")
-    root_realize = gemm.body
-    root = root_realize.block
-    items = list(root.body) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    n = math.prod(int(extent) for extent in out.shape)
     lookup = SBlockRealize([], True, SBlock([], [], [], BLOCK, lookup_in_place(out, table, intrin, 0, n)))
-    body = SBlockRealize(root_realize.iter_values, root_realize.predicate,
-                         SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(items + [lookup]),
-                                root.init, root.alloc_buffers, root.match_buffers, root.annotations))
-    attrs = _attrs(gemm)
+    attrs = attrs_of(gemm)
     attrs.update({"global_symbol": name, GEMM_NAME: str(attrs.get("global_symbol", name)),
                   "lowprec.lookup": intrin.name, "lowprec.folded": int(folded)})
-    return tirx.PrimFunc([*gemm.params[:-1], table, out], body, gemm.ret_type).with_attrs(attrs)
+    return with_root_body(gemm, [*root_items(gemm), lookup], [*gemm.params[:-1], table, out], attrs)
 
 
 def _prim_func(mod, call):
@@ -66,7 +76,7 @@ def _prim_func(mod, call):
 
 
 def _op(func) -> str | None:
-    return _attrs(func).get("lowprec.op", None) if func is not None else None
+    return attrs_of(func).get("lowprec.op", None) if func is not None else None
 
 
 @relax.expr_functor.mutator
@@ -75,7 +85,9 @@ class _Fuser(relax.PyExprMutator):
         super().__init__(mod)
         self.mod_, self.intrin = mod, intrin
         self.fused = 0
-        self.plans: dict = {}  # the lookup's binding var -> (the qgemm call, its PrimFunc, the lookup's PrimFunc, table)
+        # the lookup's binding var -> (the qgemm call, its PrimFunc, the lookup's PrimFunc, the table, the
+        # GEMM's output shape, the movements from it to the lookup's input)
+        self.plans: dict = {}
 
     def plan(self, func):
         """Find the lookups to fuse in ``func``: the lookup's input, through reshapes each read once,
@@ -100,14 +112,12 @@ class _Fuser(relax.PyExprMutator):
                 src = value.args[0]
             gemm_call = bound.get(src) if isinstance(src, relax.Var) and uses.get(src, 0) == 1 else None
             gemm = _prim_func(self.mod_, gemm_call)
-            if _op(gemm) != "qgemm" or int(_attrs(gemm).get("lowprec.batch", 0)) or "lowprec.lookup" in _attrs(gemm):
+            if _op(gemm) != "qgemm" or int(attrs_of(gemm).get("lowprec.batch", 0)) or "lowprec.lookup" in attrs_of(gemm):
                 continue
             shape, dtype = static_shape(src), dtype_of(src)
-            lanes = int(_attrs(lookup)["lowprec.lanes"])
             if (shape is None or len(shape) != 2 or dtype not in EIGHT_BIT or dtype_of(var) != dtype
-                    or shape[0] * shape[1] != static_shape(flat)[0] or len(gemm.params[-1].shape) != 2
-                    or int(_attrs(lookup).get("lowprec.lanes", 0)) != self.intrin.lanes or lanes != self.intrin.lanes):
-                continue
+                    or str(attrs_of(lookup)["lowprec.intrin"]) != f"lowprec_lookup_{self.intrin.name}"):
+                continue  # the table is packed for the lookup kernel's instruction
             self.plans[var] = (gemm_call, gemm, lookup, table, shape, path[::-1])
 
     def visit_var_binding_(self, binding):
@@ -116,7 +126,7 @@ class _Fuser(relax.PyExprMutator):
             return super().visit_var_binding_(binding)
         gemm_call, gemm, lookup, table, shape, path = plan
         name = f"{gemm_call.args[0].name_hint}_lookup"
-        fused = with_lookup(gemm, self.intrin, int(_attrs(lookup)["lowprec.folded"]), name)
+        fused = with_lookup(gemm, self.intrin, int(attrs_of(lookup)["lowprec.folded"]), name)
         gvar = self.builder_.add_func(fused, name)
         args = [self.visit_expr(a) for a in gemm_call.args[1].fields] + [table]
         y = self.builder_.emit(relax.call_tir(gvar, args, relax.TensorType(shape, dtype_of(binding.var))))

@@ -19,37 +19,18 @@ chunks of :data:`CHUNK` vectors).
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir import SBlockRealize
 
 from ..kernels.lookup import lookup_in_place
-from ..quant.lookup_epilogue import BLOCK, GEMM_NAME
+from ..quant.lookup_epilogue import BLOCK, GEMM_NAME, attrs_of, root_items, with_root_body
 
 WHOLE_ROWS = "lowprec.whole_rows"  # For annotation: each iteration writes whole rows of the output, all columns
 CHUNK = 64  # lookup vectors per task of the trailing pass
 _MIN_PARALLEL = 1 << 16  # bytes: a trailing pass below this runs on one thread
 
 
-def _attrs(func) -> dict:
-    return dict(func.attrs) if func.attrs is not None else {}
-
-
 def is_fused(func) -> bool:
-    return isinstance(func, tirx.PrimFunc) and GEMM_NAME in _attrs(func)
-
-
-def _items(stmt) -> list:
-    return list(stmt) if isinstance(stmt, tirx.SeqStmt) else [stmt]
-
-
-def _seq(items):
-    return items[0] if len(items) == 1 else tirx.SeqStmt(items)
-
-
-def _with_root_body(func, body, params, attrs):
-    realize, root = func.body, func.body.block
-    block = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init, root.alloc_buffers,
-                   root.match_buffers, root.annotations)
-    return tirx.PrimFunc(params, SBlockRealize(realize.iter_values, realize.predicate, block), func.ret_type).with_attrs(attrs)
+    return isinstance(func, tirx.PrimFunc) and GEMM_NAME in attrs_of(func)
 
 
 def _is_zero(expr) -> bool:
@@ -89,15 +70,15 @@ def gemm_part(func):
     attributes, its body without the trailing lookup block); any other function as it is."""
     if not is_fused(func):
         return func
-    items = _items(func.body.block.body)
+    items = root_items(func)
     last = items[-1]
     if not (isinstance(last, SBlockRealize) and last.block.name_hint == BLOCK):
         raise ValueError(f"{func.attrs['global_symbol']}: a fused lookup without its {BLOCK!r} block")
-    attrs = _attrs(func)
+    attrs = attrs_of(func)
     attrs["global_symbol"] = attrs.pop(GEMM_NAME)
     for key in ("lowprec.lookup", "lowprec.folded"):
         attrs.pop(key)
-    return _with_root_body(func, _seq(items[:-1]), [*func.params[:-2], func.params[-1]], attrs)
+    return with_root_body(func, items[:-1], [*func.params[:-2], func.params[-1]], attrs)
 
 
 def attach(scheduled, fused, intrin):
@@ -106,14 +87,14 @@ def attach(scheduled, fused, intrin):
     m, n = (int(e) for e in out.shape)
     lanes = intrin.lanes
     items, placed = [], False
-    for stmt in _items(scheduled.body.block.body):
+    for stmt in root_items(scheduled):
         rows = _rows_per_task(stmt) if isinstance(stmt, tirx.For) and WHOLE_ROWS in stmt.annotations else None
         if rows is not None and not placed and _is_zero(stmt.min):
             task = stmt.loop_var
             start = task * (rows * n)
             stop = tirx.min((task + 1) * rows, m) * n
             annotations = {k: v for k, v in stmt.annotations.items() if k != WHOLE_ROWS}
-            stmt = tirx.For(task, stmt.min, stmt.extent, stmt.kind, tirx.SeqStmt([*_items(stmt.body),
+            stmt = tirx.For(task, stmt.min, stmt.extent, stmt.kind, tirx.SeqStmt([*(stmt.body if isinstance(stmt.body, tirx.SeqStmt) else [stmt.body]),
                             lookup_in_place(out, table, intrin, start, stop)]), stmt.thread_binding, annotations)
             placed = True
         items.append(stmt)
@@ -125,7 +106,7 @@ def attach(scheduled, fused, intrin):
         items.append(tirx.For(chunk, tirx.const(0, "int32"), tirx.const(tasks, "int32"), kind,
                               lookup_in_place(out, table, intrin, chunk * per_task,
                                               tirx.min((chunk + 1) * per_task, m * n))))
-    attrs = _attrs(scheduled)
-    attrs.update({key: _attrs(fused)[key] for key in ("global_symbol", "lowprec.lookup", "lowprec.folded")})
+    attrs = attrs_of(scheduled)
+    attrs.update({key: attrs_of(fused)[key] for key in ("global_symbol", "lowprec.lookup", "lowprec.folded")})
     attrs["lowprec.lookup_placed"] = "tasks" if placed else "after"
-    return _with_root_body(scheduled, _seq(items), [*scheduled.params[:-1], table, out], attrs)
+    return with_root_body(scheduled, items, [*scheduled.params[:-1], table, out], attrs)

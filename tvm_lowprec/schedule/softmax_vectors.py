@@ -27,5 +27,5 @@ class VectorSoftmaxRule:
         permute = getattr(spec, "register_permute", None)
         if attrs.get("lowprec.op", None) != "qsoftmax" or "lowprec.softmax" not in attrs or permute is None:
             return None
-        vectors = build_qsoftmax_vectors(func, permute, getattr(spec, "round_to_int", None))
+        vectors = build_qsoftmax_vectors(func, permute, spec.round_to_int)
         return None if vectors is None else Schedule(vectors)
