@@ -32,6 +32,11 @@ setup(
                  "nvidia-cuda-cuobjdump; platform_system == 'Linux' and platform_machine == 'x86_64'",
                  "nvidia-cuda-nvdisasm; platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "bench": ["onnxruntime>=1.18", "matplotlib", "threadpoolctl", "sympy"],
+        # benchmarks/zoo.py: models built the way users build them (random weights, offline); torch's
+        # default (dynamo) ONNX exporter needs onnxscript. A torchvision whose C++ ops do not load with
+        # this torch still works: benchmarks/zoo/torchvision.py declares their schemas before the import
+        "zoo": ["onnxruntime>=1.18", "matplotlib", "sympy", "torch", "torchvision", "timm", "transformers",
+                "ultralytics", "onnxscript"],
     },
     entry_points={"console_scripts": ["tvm-lowprec=tvm_lowprec.cli:main"]},
 )

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -7,8 +9,45 @@ from tvm_lowprec.qemu import QemuModule, unavailable_reason
 from tvm_lowprec.targets import host_supports, registered_targets
 
 TARGETS = list(registered_targets("cpu").values())  # GPU rows: tests/test_cuda_*.py
-# the rows this host runs natively; every other row runs emulated (tvm_lowprec.emulation)
+# the rows this host runs natively; every other row runs emulated (tvm_lowprec.emulation). Refilled in
+# pytest_configure, once --host-features has named the host (test modules import it after that)
 NATIVE = [t for t in TARGETS if host_supports(t)]
+
+
+def pytest_addoption(parser):
+    from tvm_lowprec.targets import HOST_FEATURES_ENV, RECORDED_HOSTS
+
+    parser.addoption(
+        "--host-features", metavar="NAME", default=None, choices=sorted(RECORDED_HOSTS),
+        help=f"run as on a recorded host ({', '.join(RECORDED_HOSTS)}): sets {HOST_FEATURES_ENV}, which "
+             "tvm_lowprec.targets.host_features reads (the real CPU still bounds what runs natively)")
+
+
+def pytest_configure(config):
+    from tvm_lowprec.targets import HOST_FEATURES_ENV, simulated_host
+
+    config.addinivalue_line(
+        "markers", "host_dependent: what the test checks depends on the host CPU's features (the rows it runs "
+        "natively, the row 'native' resolves to); .ci/run runs these again with --host-features zen3")
+    name = config.getoption("--host-features")
+    if name:  # the workers of pytest-xdist get the option too, and inherit the variable
+        os.environ[HOST_FEATURES_ENV] = name
+    simulated_host()  # an unknown name in the environment variable fails here, once
+    NATIVE[:] = [t for t in TARGETS if host_supports(t)]
+    # the CLI caches compiled models by default: the tests' entries go to a folder of this run's, never
+    # to the user's ~/.cache (tests that check the cache point the variable at their own tmp_path)
+    if "TVM_LOWPREC_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["TVM_LOWPREC_CACHE_DIR"] = tempfile.mkdtemp(prefix="tvm-lowprec-test-cache-")
+
+
+def pytest_report_header(config):
+    from tvm_lowprec.targets import native_target, simulated_host
+
+    host = simulated_host()
+    where = f"as on recorded host {host.name} ({host.about})" if host else "on this host"
+    return f"tvm-lowprec: {where}; native = {native_target().name}; natively run rows: {[t.name for t in NATIVE]}"
 
 
 def runnable(spec) -> bool:

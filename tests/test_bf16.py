@@ -309,6 +309,7 @@ def test_native_switches_on_its_kernels_features_whatever_cpu_llvm_names(monkeyp
     """A 2-core KVM Xeon with AMX and AVX512_BF16 (family 6, model 167) is "rocketlake" to LLVM, which has
     no AVX512_BF16: with only that mcpu, the bf16 GEMM's vdpbf16ps aborted LLVM ("Do not know how to
     split this operator's operand!"). The native target names its kernels' features itself."""
+    monkeypatch.delenv("TVM_LOWPREC_HOST_FEATURES", raising=False)  # this test names the host itself
     monkeypatch.setattr(targets, "host_features", lambda: targets.cpuinfo_features(XEON_FLAGS))
     monkeypatch.setattr(tvm.target.codegen, "llvm_get_system_cpu", lambda: cpu)
     native = targets.native_target()

@@ -53,15 +53,43 @@ def test_aligned_input_goes_in_without_a_copy(compiled, a):
     np.testing.assert_array_equal(compiled(x)[0], _tvm_copy_result(compiled, a))
 
 
+@pytest.fixture(scope="module")
+def aligned_reader():
+    """The same model on the VNNI row (native or emulated, whichever this host runs): its tensorized
+    GEMM reads the uint8 input as it is, through the intrinsic's 64-byte aligned match_buffer (the rows
+    without VNNI widen the activations first, in a kernel that takes them at any alignment)."""
+    return tvm_lowprec.compile(tvm_lowprec.from_onnx(qlinear_matmul(M, K, N)), target="x86-avx512-vnni")
+
+
+def _input_readers(compiled) -> list:
+    return [f for f in compiled._lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
 @pytest.mark.parametrize("offset", [16, 1])
-def test_misaligned_input_is_copied_to_aligned_memory(compiled, a, offset):
+def test_misaligned_input_is_copied_to_aligned_memory(aligned_reader, a, offset):
     # TVM's kernels assume 64-byte aligned arguments (aligned vector moves): an input read by a kernel
     # that keeps that assumption (here the tensorized GEMM, whose intrinsic's match_buffer asks for it)
     # is copied once
+    compiled = aligned_reader
     assert not compiled._any_alignment
+    assert [int(f.params[0].data_alignment) for f in _input_readers(compiled)] == [64]
     x = _placed(a, offset)
     (tensor,) = compiled._arguments((x,), {})
     assert tensor.data_ptr() != _address(x) and tensor.data_ptr() % 64 == 0
+    np.testing.assert_array_equal(compiled(x)[0], _tvm_copy_result(compiled, a))
+
+
+@pytest.mark.host_dependent
+@pytest.mark.parametrize("offset", [16, 1])
+def test_a_misaligned_input_is_copied_where_the_native_kernel_keeps_alignment(compiled, a, offset):
+    """On this host's row: copied where its GEMM reads the input as it is (VNNI), shared where a kernel
+    that takes any alignment reads it (the AVX2 and AVX-512BW rows widen it to int16 first)."""
+    (reader,) = _input_readers(compiled)
+    keeps = int(reader.params[0].data_alignment) == 64
+    assert (0 not in compiled._any_alignment) == keeps
+    x = _placed(a, offset)
+    (tensor,) = compiled._arguments((x,), {})
+    assert (tensor.data_ptr() != _address(x)) == keeps
     np.testing.assert_array_equal(compiled(x)[0], _tvm_copy_result(compiled, a))
 
 

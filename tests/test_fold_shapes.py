@@ -151,3 +151,43 @@ def test_batchnorm_after_a_convolution_is_folded_into_it(rng):
     qcompiled = tvm_lowprec.compile(qmod, target="native")
     assert [k.op for k in qcompiled.kernels()].count("qgemm") == 1
     assert not any("batch_norm" in k.name for k in qcompiled.kernels())
+
+
+def _padded_conv_qdq() -> onnx.ModelProto:
+    """``Pad`` then ``Conv`` quantized as ONNX Runtime's quantize_static writes it (timm's efficientvit):
+    the Pad's ``constant_value`` a DequantizeLinear of a uint8 constant."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(v, dt), n) for n, v, dt in
+             [("s", 0.05, np.float32), ("z", 128, np.uint8), ("pad_q", 128, np.uint8), ("ws", 0.01, np.float32),
+              ("wz", 0, np.int8)]]
+    inits += [numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+              numpy_helper.from_array(rng.integers(-127, 128, (8, 4, 3, 3)).astype(np.int8), "w")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["pad_q", "s", "z"], ["pad_value"]),
+             helper.make_node("Pad", ["xd", "pads", "pad_value"], ["p"], mode="constant"),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["pd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             helper.make_node("Conv", ["pd", "wd"], ["y"]),
+             helper.make_node("QuantizeLinear", ["y", "s", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "s", "z"], ["out"])]
+    graph = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def test_a_pads_dequantized_constant_value_is_folded_at_import(tmp_path, rng):
+    """TVM's Pad converter needs its constant_value as a constant; the dequantize that ORT's quantizer
+    writes there is evaluated at import (and only there: the other dequantizes stay for the rewrite)."""
+    model = _padded_conv_qdq()
+    folded = fold_shapes(model)
+    assert "pad_value" in {t.name for t in folded.graph.initializer}
+    assert sum(n.op_type == "DequantizeLinear" for n in folded.graph.node) == 4
+    path = tmp_path / "pad.onnx"
+    onnx.save(model, path)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(str(path)), target="native")
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    want, = ort_session(model, optimized=False).run(None, {"x": x})
+    steps = np.abs(compiled(x)[0] - want) / 0.05
+    assert steps.max() <= 1.0 + 1e-3

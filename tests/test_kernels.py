@@ -139,6 +139,7 @@ def test_shapes(pair, shape, rng):
     run_case(_only(spec, recipe), rng, shape, OPERANDS[1], EPILOGUES["requant-u8"], bound=recipe.intrin.weight_pair_bound)
 
 
+@pytest.mark.host_dependent
 @pytest.mark.parametrize("pair", [(t, r) for t in NATIVE for r in t.recipes()], ids=_recipe_id)
 @pytest.mark.parametrize("shape", SHAPES[2:5], ids=lambda s: "x".join(map(str, s)))
 def test_native_and_emulated_agree(pair, shape):
@@ -291,6 +292,7 @@ def _gemm_registers(asm, mnemonic) -> set:
             for kind in re.findall(r"%([a-z]+)\d+", line)}
 
 
+@pytest.mark.host_dependent
 @pytest.mark.parametrize("spec", NARROW, ids=lambda s: s.name)
 @pytest.mark.parametrize("columns", ["one", "a few", "all lanes", "one more", "the wide lanes"])
 def test_a_gemm_with_few_output_columns_takes_the_row_narrow_recipe(spec, columns, rng):

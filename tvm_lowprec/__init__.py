@@ -7,6 +7,7 @@ The user API::
     c = tvm_lowprec.compile(mod, target="native")          # integer kernels, tensorized
     y, = c(x)                                              # numpy in, numpy out
     c.kernels()                                            # which kernel uses which intrinsic
+    tvm_lowprec.save(c, "model.tlp"); c = tvm_lowprec.load("model.tlp")   # compile once
 
     qmod = tvm_lowprec.quantize(tvm_lowprec.from_onnx("model_fp32.onnx"), samples)   # FP32 -> QDQ
     tvm_lowprec.accuracy_report(fp32_mod, qmod, held_out).table()                    # per-layer SQNR
@@ -27,6 +28,9 @@ from .tune import tune
 from .kernels import Epilogue, QGemmProblem
 from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
 from .unaligned_inputs import unaligned_inputs
+from . import cache as _cache
+from .errors import SavedModelError, SavedModelHostError, SavedModelVersionError
+from .saved import load, save
 from .quant.weight_only import WeightOnlyConfig
 
 __version__ = "0.1.0"
@@ -63,7 +67,7 @@ def _warn_dynamic(inputs) -> None:
                 f"input {spec.name!r} has dynamic dimension(s) {list(spec.shape)}: the integer kernels need static "
                 f"shapes, so the operators it feeds stay on TVM's generic path; fix them with "
                 f"from_onnx(model, shape_dict={{{spec.name!r}: {fixed}}})",
-                stacklevel=3,
+                stacklevel=4,
             )
 
 
@@ -98,7 +102,7 @@ def _tuned_schedules(database, spec, num_threads):
         try:
             lookups.append(database_lookup(source, spec, num_threads))
         except TuningDatabaseError as err:
-            warnings.warn(f"{err}; compiling with the default schedules", stacklevel=3)
+            warnings.warn(f"{err}; compiling with the default schedules", stacklevel=4)
 
     def tuned(func):
         for lookup in lookups:
@@ -112,7 +116,7 @@ def _tuned_schedules(database, spec, num_threads):
 
 def compile(  # noqa: A001
     mod, target="native", *, num_threads: int | None = None, requant_mode: str = "float", fast_math: bool = True,
-    database=None, emulate="auto", weight_only: WeightOnlyConfig | None = None,
+    database=None, emulate="auto", weight_only: WeightOnlyConfig | None = None, cache=False,
 ) -> Compiled:
     """Compile a (quantized) Relax module into integer kernels for ``target``.
 
@@ -148,6 +152,12 @@ def compile(  # noqa: A001
         How weight-only layers (int4 ``MatMulNBits`` or blocked QDQ weights, float8 weights) run:
         activations in float (default, what ONNX defines) or quantized per block to int8 on the fly
         (``WeightOnlyConfig(activations="int8")``, as ONNX Runtime's ``accuracy_level=4``).
+    cache : bool or path
+        ``True``: look the build up in the compile cache (``$TVM_LOWPREC_CACHE_DIR``, else
+        ``$XDG_CACHE_HOME/tvm-lowprec``, else ``~/.cache/tvm-lowprec``) and load it from there, or
+        compile and store it; a path: that folder. The key covers the module, the target row, every
+        option here, tuning records and the versions (:mod:`tvm_lowprec.cache`). Only builds this host
+        runs natively are cached. Default ``False``: compile every time.
 
     Returns
     -------
@@ -159,15 +169,36 @@ def compile(  # noqa: A001
     >>> [row.intrinsic for row in c.kernels()]                                              # doctest: +SKIP
     ['lowprec_vpmaddwd_ymm_int16_8x2']
     """
-    import tvm
-
-    from .pipeline import high_level, lowering_passes
-
     if requant_mode not in _REQUANT_MODES:
         raise ValueError(f"requant_mode must be one of {_REQUANT_MODES}, not {requant_mode!r}")
     if emulate not in ("auto", True, False):
         raise ValueError(f"emulate must be 'auto', True or False, not {emulate!r}")
     spec = resolve_target(target)
+    folder = _cache.cache_dir(cache)
+    key = None
+    if folder is not None and _cache.cacheable(spec, emulate):
+        key = _cache.compile_key(_cache.module_digest(mod), spec, _compile_options(
+            num_threads, requant_mode, fast_math, emulate, weight_only), database)
+        hit = _cache.lookup(folder, key)
+        if hit is not None:
+            return hit
+    compiled = _build(mod, spec, num_threads, requant_mode, fast_math, database, emulate, weight_only)
+    _cache.store(folder, key, compiled)
+    return compiled
+
+
+def _compile_options(num_threads, requant_mode, fast_math, emulate, weight_only) -> dict:
+    """The options of :func:`compile` besides the module, target and tuning records: the cache key's."""
+    return {"num_threads": num_threads, "requant_mode": requant_mode, "fast_math": fast_math, "emulate": emulate,
+            "weight_only": weight_only}
+
+
+def _build(mod, spec, num_threads, requant_mode, fast_math, database, emulate, weight_only) -> Compiled:
+    """:func:`compile` without the cache: the passes, the build, the runnable form."""
+    import tvm
+
+    from .pipeline import high_level, lowering_passes
+
     tvm_target = spec.tvm_target(num_threads or 2)
     inputs = _input_specs(mod)
     _warn_dynamic(inputs)
@@ -203,6 +234,9 @@ __all__ = [
     "InputSpec",
     "KernelInfo",
     "LowPrecError",
+    "SavedModelError",
+    "SavedModelHostError",
+    "SavedModelVersionError",
     "QGemmProblem",
     "QuantConfig",
     "QuantizationParameterError",
@@ -214,9 +248,11 @@ __all__ = [
     "execution_mode",
     "from_onnx",
     "host_supports",
+    "load",
     "native_target",
     "quantize",
     "registered_targets",
     "resolve_target",
+    "save",
     "tune",
 ]

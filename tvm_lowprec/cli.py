@@ -7,6 +7,7 @@
     tvm-lowprec tune model.onnx --target x86-avx512-vnni --rpc-tracker host:9190 --rpc-key vnni
     tvm-lowprec run model.onnx --target arm64-dotprod --rpc board:9090
     tvm-lowprec run model.onnx --database tuning/
+    tvm-lowprec run model.onnx --no-cache           # compile again (by default a second run loads the build)
     tvm-lowprec run detector.onnx --shape images=1x3x480x480   # dynamic axes fixed, shapes folded
     tvm-lowprec quantize model.onnx --data samples.npz --out model_qdq.onnx [--config cfg.json] [--target-sqnr 20]
 """
@@ -138,12 +139,7 @@ def cmd_run(args) -> int:
         print(f"{path} has no quantization operators: it runs in FP32 here (float kernels). To run it on integer "
               f"kernels, quantize it first:\n  tvm-lowprec quantize {path} --data SAMPLES.npz --out "
               f"{os.path.splitext(path)[0]}_qdq.onnx\n", file=sys.stderr)
-    t0 = _step(f"importing {path}")
-    mod = tvm_lowprec.from_onnx(path, shape_dict=args.shape)
-    _done(t0)
-    t0 = _step(f"compiling for {args.target}")
-    compiled = tvm_lowprec.compile(mod, target=args.target, num_threads=args.threads, database=args.database)
-    _done(t0)
+    compiled = _compile_cached(path, args)
     print(f"\ntarget: {compiled.spec.name} — {compiled.spec.description}\n")
     inputs = _random_inputs(compiled, args.seed)
     if args.rpc or args.rpc_tracker:
@@ -171,6 +167,39 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _compile_cached(path: str, args):
+    """The model at ``path`` compiled as ``args`` say: from the compile cache where an earlier run stored
+    it (keyed by the ONNX file's bytes, ``--shape``, the target row, ``--threads``, ``--database``
+    and the versions: :mod:`tvm_lowprec.cache`; no import, no compile), else imported, compiled and
+    stored there. ``--no-cache``: neither looked up nor stored."""
+    import tvm_lowprec
+    from tvm_lowprec import cache
+
+    folder, key = None, None
+    if not args.no_cache:
+        spec = tvm_lowprec.resolve_target(args.target)
+        if cache.cacheable(spec):
+            folder = cache.default_dir()
+            options = tvm_lowprec._compile_options(args.threads, "float", True, "auto", None)
+            key = cache.compile_key(cache.file_digest(path, shape_dict=args.shape), spec, options, args.database)
+            t0 = time.perf_counter()
+            compiled = cache.lookup(folder, key)
+            if compiled is not None:
+                print(f"… loaded from cache {compiled.loaded_from} in {time.perf_counter() - t0:.2f} s "
+                      "(compiled by an earlier run; --no-cache compiles again)", file=sys.stderr, flush=True)
+                return compiled
+    t0 = _step(f"importing {path}")
+    mod = tvm_lowprec.from_onnx(path, shape_dict=args.shape)
+    _done(t0)
+    t0 = _step(f"compiling for {args.target}")
+    compiled = tvm_lowprec.compile(mod, target=args.target, num_threads=args.threads, database=args.database)
+    _done(t0)
+    stored = cache.store(folder, key, compiled) if key is not None else None
+    if stored is not None:
+        print(f"  cached as {stored} (the next run loads it; --no-cache skips the cache)", file=sys.stderr, flush=True)
+    return compiled
+
+
 def _all_default(profile: list[dict]) -> bool:
     return all(r["schedule"] == "default" for r in profile)
 
@@ -185,11 +214,17 @@ def _profile_rows(profile: list[dict]) -> list[dict]:
              "share": f"{100 * r['share']:.0f}%"} for r in profile]
 
 
+_FLAGS = {  # schedule source -> what the flag line says of such kernels
+    "none": "no schedule rule accepted (schedule 'none': serial, scalar loops)",
+    "generic": "only the generic fallback scheduled (schedule 'generic': parallel and vectorized, no intrinsic)",
+}
+
+
 def _flag_unscheduled(compiled) -> None:
-    unscheduled = [k.name for k in compiled.kernels() if k.schedule == "none"]
-    if unscheduled:
-        print(f"\n!! {len(unscheduled)} kernel(s) no schedule rule accepted (schedule 'none': serial, scalar loops): "
-              + ", ".join(unscheduled))
+    for source, what in _FLAGS.items():
+        names = [k.name for k in compiled.kernels() if k.schedule == source]
+        if names:
+            print(f"\n!! {len(names)} kernel(s) {what}: " + ", ".join(names))
 
 
 def _run_without_timing(compiled, path, inputs, args) -> int:
@@ -418,7 +453,7 @@ def cmd_quantize(args) -> int:
     report.plot(stem + ".report.png")
     print(report.table())
     print(f"\nwrote {out} ({len(plans)} quantized layer(s)), {stem}.report.md, {stem}.report.png")
-    fp32, ours = _ort_session(args.model, 1), tvm_lowprec.compile(qmod, target=args.target)
+    fp32, ours = _ort_session(args.model, 1), tvm_lowprec.compile(qmod, target=args.target, cache=not args.no_cache)
     _check_ort_loads(out)
     exported = _ort_session(out, 1, optimized=False)
     if fp32 is not None and exported is not None:
@@ -442,6 +477,12 @@ def parse_shape(text: str) -> tuple[str, list[int]]:
     if not sep or not name or not all(v.isdigit() and int(v) > 0 for v in values):
         raise argparse.ArgumentTypeError(f"bad --shape {text!r}; expected NAME=D1xD2x... with positive integers")
     return name, [int(v) for v in values]
+
+
+def _add_cache_option(parser) -> None:
+    parser.add_argument("--no-cache", action="store_true",
+                        help="compile even where the compile cache holds the build, and do not store it "
+                             "(cache: $TVM_LOWPREC_CACHE_DIR, else $XDG_CACHE_HOME/tvm-lowprec, else ~/.cache/tvm-lowprec)")
 
 
 def _add_shape_option(parser) -> None:
@@ -469,6 +510,7 @@ def main(argv=None) -> int:
     run.add_argument("--rpc-key", help="the key of the board to run on (with --rpc-tracker; with --rpc where its "
                      "server was started with --key)")
     _add_shape_option(run)
+    _add_cache_option(run)
     run.set_defaults(func=cmd_run)
     tune = sub.add_parser("tune", help="tune a model's integer kernels with MetaSchedule; records in --work-dir")
     tune.add_argument("model", help="ONNX file")
@@ -497,6 +539,7 @@ def main(argv=None) -> int:
                        "against FP32 reaches this (dB)")
     quant.add_argument("--target", default="native", help="the target row quantize calibrates and measures on")
     _add_shape_option(quant)
+    _add_cache_option(quant)
     quant.set_defaults(func=cmd_quantize)
     targets = sub.add_parser("targets", help="list the registered targets")
     targets.set_defaults(func=cmd_targets)

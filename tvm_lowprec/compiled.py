@@ -21,8 +21,10 @@ _SAME = object()  # Compiled(runnable=...) default: the executable itself runs
 @dataclass(frozen=True)
 class KernelInfo:
     """One generated kernel: its name, the operator it implements, its intrinsic, its shape, and
-    where its schedule came from: tuning records (``"tuned"``), the default rules (``"default"``), or
-    nowhere (``"none"``: no rule accepted it, so its loops run as written, serial and scalar)."""
+    where its schedule came from: tuning records (``"tuned"``), the default rules (``"default"``), the
+    last-resort generic rule (``"generic"``: parallel and vectorized loops, no intrinsic;
+    :mod:`tvm_lowprec.schedule.generic`), or nowhere (``"none"``: even the generic rule failed, so its
+    loops run as written, serial and scalar)."""
 
     name: str
     op: str
@@ -187,13 +189,21 @@ class Compiled:
     """
 
     def __init__(self, executable, lowered_mod, spec, inputs: Sequence[InputSpec], num_threads: int | None = None,
-                 runnable=_SAME, emulation=None, cuda=None, narrow_outputs=(), any_alignment=frozenset()):
+                 runnable=_SAME, emulation=None, cuda=None, narrow_outputs=(), any_alignment=frozenset(), *,
+                 output_views=None, output_names=None, kernel_table=None, sources=None, library=None):
         """``runnable``: the executable that runs (default ``executable``; the emulated one; or None
         where this host can run neither); ``emulation``: its :class:`~tvm_lowprec.emulation.EmulationReport`;
         ``cuda``: a GPU row's device code compiled by nvcc (:class:`~tvm_lowprec.cuda.model.CudaBuild`);
         ``any_alignment``: positions of the inputs whose kernels take them at any alignment
         (:func:`~tvm_lowprec.unaligned_inputs.unaligned_inputs`), passed without a copy however numpy
-        aligned them."""
+        aligned them.
+
+        A model loaded from a file (:func:`tvm_lowprec.load`) has no Relax ``main``: ``lowered_mod``
+        holds its kernels' PrimFuncs only (or is None), and what :func:`tvm_lowprec.save` stored
+        stands in for the rest: ``output_views`` (:func:`_output_views`), ``output_names``,
+        ``kernel_table`` (:meth:`kernels`, where ``lowered_mod`` is None), ``sources`` (format ->
+        :meth:`inspect_source` text; the loaded library has none) and ``library`` (the shared
+        library's path, which :meth:`export_library` copies)."""
         self.executable = executable  # the real build: inspect_source shows its code
         self.spec = spec
         self.inputs = tuple(inputs)
@@ -208,8 +218,16 @@ class Compiled:
         # the call path: main looked up once; inputs and outputs shared with numpy where on this CPU
         self._main = self._vm["main"] if self._vm is not None else None
         self._host = self._device.dlpack_device_type() == tvm_ffi.DLDeviceType.kDLCPU
-        self._views = _output_views(lowered_mod) if self._host and lowered_mod is not None else ()
+        if output_views is not None:
+            self._views = tuple(output_views) if self._host else ()
+        else:
+            self._views = _output_views(lowered_mod) if self._host and lowered_mod is not None else ()
         self._any_alignment = frozenset(any_alignment)
+        self.output_names = tuple(output_names) if output_names is not None else _output_names(lowered_mod)
+        self._kernel_table = tuple(kernel_table) if kernel_table is not None else None
+        self._sources = dict(sources or {})
+        self._library = library
+        self.loaded_from: str | None = None  # the file :func:`tvm_lowprec.load` read this model from
 
     @property
     def execution(self) -> str:
@@ -298,7 +316,7 @@ class Compiled:
         if self.narrow_outputs:
             result = ([_from_carrier(o, narrow) for o, narrow in zip(result, self.narrow_outputs)]
                       + result[len(self.narrow_outputs):])
-        return result if out is None else _copy_into(result, out, self._lowered)
+        return result if out is None else _copy_into(result, out, self.output_names)
 
     def benchmark(self, *args, number: int = 10, repeat: int = 5, **kwargs) -> float:
         """Median seconds per call, measured by TVM's time evaluator (no Python overhead)."""
@@ -336,6 +354,8 @@ class Compiled:
         self._require(timed=True)
         if isolated and self.spec.device == "cuda":
             raise LowPrecError("profile(isolated=True) times CPU kernels; a GPU row's kernels are timed in the model")
+        if isolated and self._lowered is None:
+            raise LowPrecError("profile(isolated=True) needs the kernels' IR, which this loaded model lacks")
         self._set_threads()
         ceiling = copy_bandwidth() if self.spec.device != "cuda" else None  # before the VM's workers spin
         tensors = self._arguments(args, kwargs)
@@ -378,6 +398,8 @@ class Compiled:
     # -- inspecting ------------------------------------------------------------------------------
     def kernels(self) -> list[KernelInfo]:
         """One row per generated kernel: name, operator, tensor intrinsic (or ``"none"``), shape."""
+        if self._lowered is None and self._kernel_table is not None:
+            return list(self._kernel_table)
         rows = [
             _describe(gvar, func)
             for gvar, func in self._lowered.functions.items()
@@ -392,6 +414,8 @@ class Compiled:
             if self.cuda is None:
                 raise LowPrecError("no CUDA build: nvcc is not installed (or this is not a GPU row)")
             return self.cuda.source if fmt == "cuda" else self.cuda.ptx
+        if fmt in self._sources:  # a loaded model: the text stored when it was saved
+            return self._sources[fmt]
         parts, stack = [], [self.executable.mod]
         while stack:  # the VM module imports the compiled kernels' module
             module = stack.pop()
@@ -418,6 +442,11 @@ class Compiled:
         ``gcc-aarch64-linux-gnu``); x86 rows with the host's. Returns the path."""
         from . import qemu
 
+        if self._library is not None:  # a loaded model: the library it was loaded from
+            import shutil
+
+            shutil.copyfile(self._library, path)
+            return str(path)
         if qemu.is_aarch64(self.spec):
             return qemu.export_aarch64(self.executable, path)
         self.executable.export_library(str(path))
@@ -599,7 +628,16 @@ def _to_numpy(out, views=()) -> list[np.ndarray]:
     return [np.from_dlpack(t) if view else t.numpy() for t, view in zip(tensors, views)]
 
 
-def _copy_into(result: list[np.ndarray], out, lowered) -> list[np.ndarray]:
+def _output_names(mod) -> tuple[str, ...] | None:
+    """The ONNX output names the frontend recorded on ``main`` (``lowprec.output_names``), or None."""
+    if mod is None or "main" not in [g.name_hint for g in mod.get_global_vars()]:
+        return None
+    attrs = mod["main"].attrs
+    names = attrs.get("lowprec.output_names", None) if attrs is not None else None
+    return tuple(str(n) for n in names) if names is not None else None
+
+
+def _copy_into(result: list[np.ndarray], out, names) -> list[np.ndarray]:
     """``Compiled(..., out=out)``: each output copied into the caller's array, which must have its
     shape and dtype; returns ``out`` as a list."""
     if not isinstance(out, (list, tuple)) or len(out) != len(result):
@@ -607,7 +645,6 @@ def _copy_into(result: list[np.ndarray], out, lowered) -> list[np.ndarray]:
                          + (f" of {len(out)}" if isinstance(out, (list, tuple)) else ""))
     for i, (target, value) in enumerate(zip(out, result)):
         if not isinstance(target, np.ndarray) or target.shape != value.shape or target.dtype != value.dtype:
-            names = lowered["main"].attrs.get("lowprec.output_names", None) if lowered is not None else None
             name = f" ({str(names[i])!r})" if names is not None and i < len(names) else ""
             got = (f"shape {list(target.shape)} dtype {target.dtype}" if isinstance(target, np.ndarray)
                    else type(target).__name__)

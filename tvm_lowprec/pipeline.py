@@ -40,13 +40,17 @@ from .quant.row_ops import row_ops_module
 from .quant.through_concat import through_concat_module
 from .quant.weight_only import weight_only_module
 from .schedule import schedule_func
+from .schedule.generic import ATTR as GENERIC
 from .schedule.lookup_epilogue import attach, gemm_part, is_fused
 
 
 def schedule_module(spec, tuned=None):
     """Apply the first accepting schedule rule to every unscheduled PrimFunc; ``tuned(func)``, when
     given, is asked first (a tuning database's best schedule, or None). Each PrimFunc records where its
-    schedule came from in ``lowprec.schedule``: ``"tuned"``, ``"default"`` (a rule) or ``"none"``."""
+    schedule came from in ``lowprec.schedule``: ``"tuned"``, ``"default"`` (a rule written for its kind
+    of kernel), ``"generic"`` (the last-resort rule, :class:`~tvm_lowprec.schedule.generic.GenericRule`,
+    whose attribute ``lowprec.generic`` says which of its forms: ``"full"`` or ``"outer"``) or
+    ``"none"`` (not even that one could schedule it)."""
 
     @tvm.ir.transform.module_pass(opt_level=0, name="lowprec.ScheduleFuncs")
     def _pass(mod, _ctx):
@@ -68,7 +72,8 @@ def schedule_module(spec, tuned=None):
             if fused is not None:
                 scheduled = attach(scheduled, fused, spec.lookup_intrin)
             scheduled = scheduled.with_attr("tir.is_scheduled", True)
-            updates[gvar] = scheduled.with_attr("lowprec.schedule", "tuned" if from_database else "default")
+            source = "generic" if scheduled.attrs.get(GENERIC, None) is not None else "default"
+            updates[gvar] = scheduled.with_attr("lowprec.schedule", "tuned" if from_database else source)
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
@@ -97,17 +102,35 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
     mod = dequantize_per_use_module(integer_mean_module(finite_quantize_module(mod)))
-    return tvm.transform.Sequential(
-        [
-            relax.transform.DeadCodeElimination(),
-            relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE),  # quantize: NaN -> zero point
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-            relax.transform.DeadCodeElimination(),
-        ]
-    )(mod)
+    with _fusion_depth(MAX_FUSED_OPS):
+        return tvm.transform.Sequential(
+            [
+                relax.transform.DeadCodeElimination(),
+                relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE),  # quantize: NaN -> zero point
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                relax.transform.DeadCodeElimination(),
+            ]
+        )(mod)
+
+
+# The most operators FuseOps puts in one kernel (TVM's default: 256). A requantization reads its input
+# more than once (the clip's bounds, the rounding), so a fused chain of them is an expression whose
+# size TVM's TIR passes grow faster than the chain: a 600-node Q/DQ'd element-wise chain compiled in
+# 1.2 s with 32, 26.5 s with 96, over 270 s with 128 (Zen 4 EPYC). Real exports fuse far fewer.
+MAX_FUSED_OPS = 32
+
+
+def _fusion_depth(depth: int):
+    """A pass context like the current one, FuseOps' depth capped at ``depth``."""
+    current = tvm.transform.PassContext.current()
+    config = {str(k): v for k, v in current.config.items()} if current.config is not None else {}
+    config["relax.FuseOps.max_depth"] = min(int(config.get("relax.FuseOps.max_depth", depth)), depth)
+    return tvm.transform.PassContext(opt_level=current.opt_level, required_pass=list(current.required_pass),
+                                     disabled_pass=list(current.disabled_pass), instruments=list(current.instruments),
+                                     config=config)
 
 
 _LOWERING = {"cpu": cpu, "cuda": cuda}

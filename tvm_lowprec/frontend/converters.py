@@ -1,6 +1,7 @@
 """Converters for ONNX operators that TVM 0.27's Relax importer lacks, in its own converter form.
 
-``Clip`` with constant bounds becomes ``relax.op.clip`` (below). ``ConvInteger`` is an int32 convolution of zero-point-shifted 8-bit operands; it has no float
+``Clip`` with constant bounds becomes ``relax.op.clip`` (below); ``Celu`` and ``Swish`` (opset 24), which the
+importer lacks, become their element-wise formulas. ``ConvInteger`` is an int32 convolution of zero-point-shifted 8-bit operands; it has no float
 equivalent in ONNX (a float Conv loses exactness past 2**24), so it is converted here, into the same
 ``astype -> subtract -> conv2d`` shape that ``MatMulInteger`` takes, which the integer rewrite matches.
 The importer is given these converters only for the duration of :func:`tvm_lowprec.from_onnx`.
@@ -293,8 +294,32 @@ class DequantizeLinear(_tvm_onnx.DequantizeLinear):
                           primfunc_name_hint="dequantize_float8")
 
 
+class Celu(_tvm_onnx.OnnxOpConverter):
+    """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))`` (ONNX Celu-12), element-wise Relax ops, so a
+    quantized Celu becomes one table (:mod:`tvm_lowprec.quant.lookup_tables`)."""
+
+    @classmethod
+    def _impl_v12(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        dtype = str(x.ty.dtype)
+        alpha = relax.const(float(attr.get("alpha", 1.0)), dtype)
+        zero, one = relax.const(0.0, dtype), relax.const(1.0, dtype)
+        negative = relax.op.multiply(alpha, relax.op.subtract(relax.op.exp(relax.op.divide(x, alpha)), one))
+        return relax.op.add(relax.op.maximum(x, zero), relax.op.minimum(zero, negative))
+
+
+class Swish(_tvm_onnx.OnnxOpConverter):
+    """``x * sigmoid(alpha * x)`` (ONNX Swish-24)."""
+
+    @classmethod
+    def _impl_v24(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        alpha = relax.const(float(attr.get("alpha", 1.0)), str(x.ty.dtype))
+        return relax.op.multiply(x, relax.op.sigmoid(relax.op.multiply(alpha, x)))
+
+
 EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "QuantizeLinear": QuantizeLinear,
-                    "DequantizeLinear": DequantizeLinear}
+                    "DequantizeLinear": DequantizeLinear, "Celu": Celu, "Swish": Swish}
 
 
 @contextlib.contextmanager

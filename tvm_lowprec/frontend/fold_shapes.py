@@ -31,7 +31,11 @@ from ..errors import InputError
 NEVER_FOLD = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv",
               "MatMulInteger", "ConvInteger", "RandomNormal", "RandomUniform", "RandomNormalLike",
               "RandomUniformLike", "Multinomial", "Bernoulli"}
-MAX_FOLD_ELEMENTS = 1 << 20  # larger constant computations are left to TVM's FoldConstant
+MAX_FOLD_ELEMENTS = 1 << 20  # larger constant computations are left to the Relax constant folder
+# Inputs that are a parameter of the operator, never a tensor the integer rewrite quantizes: a constant
+# DequantizeLinear read only there is folded too (ORT's quantize_static quantizes a Pad's constant_value,
+# which TVM's importer needs as a constant: timm's efficientvit_b0)
+PARAMETER_INPUTS = {"Pad": {2}}
 
 
 def fix_input_shapes(model: onnx.ModelProto, shape_dict: dict | None) -> onnx.ModelProto:
@@ -109,9 +113,22 @@ def _evaluate(node, consts, opsets):
     return [np.asarray(v) for v in ReferenceEvaluator(model).run(None, {})]
 
 
-def _foldable(node) -> bool:
+def _foldable(node, parameters_only=frozenset()) -> bool:
+    """Whether ``node`` may be evaluated when its inputs are constants; ``parameters_only``: the tensors
+    read only as an operator's parameter (:data:`PARAMETER_INPUTS`), whose dequantize may be."""
+    if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
+        return all(o in parameters_only for o in node.output)
     return (node.op_type not in NEVER_FOLD and node.domain in ("", "ai.onnx")
             and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute))
+
+
+def _parameters_only(graph: onnx.GraphProto) -> frozenset:
+    """The tensors every reader of which reads as a parameter (:data:`PARAMETER_INPUTS`), none a graph output."""
+    as_parameter, elsewhere = set(), {o.name for o in graph.output}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            (as_parameter if index in PARAMETER_INPUTS.get(node.op_type, ()) else elsewhere).add(name)
+    return frozenset(as_parameter - elsewhere)
 
 
 def fold_shapes(model: onnx.ModelProto, shape_dict: dict | None = None) -> onnx.ModelProto:
@@ -123,9 +140,10 @@ def fold_shapes(model: onnx.ModelProto, shape_dict: dict | None = None) -> onnx.
         model = _infer(model)
         shapes = _static_shapes(model)
         kept, folded = [], {}
+        parameters_only = _parameters_only(model.graph)
         for node in model.graph.node:
             value = None
-            if _foldable(node):
+            if _foldable(node, parameters_only):
                 if node.op_type in ("Shape", "Size"):
                     value = _shape_value(node, shapes)
                 elif node.input or node.op_type == "Constant":

@@ -17,7 +17,9 @@ with a quantize/dequantize pair after each op has 12; ``vpermi2b`` takes even a 
 chains with an expensive operator (:data:`COSTLY`) always are. Elsewhere (GPU rows) only those are,
 as ``take(table, x)``. Every parameter on the chain must be a scalar
 constant (per-tensor); per-channel parameters make the function depend on the position, and the chain
-stays as it is. All tables of a module are computed in one compiled function.
+stays as it is (a PRelu slope of one element is LeakyRelu's, one per channel is declined). Reshapes and
+transposes on the chain (an exporter's Reshape after GELU, a transpose the layout pass left before an
+activation after a convolution) move to after the table, onto the 8-bit codes (:data:`MOVES`). All tables of a module are computed in one compiled function.
 
 Runs after :mod:`~tvm_lowprec.quant.fold_qdq` and before legalization.
 """
@@ -35,18 +37,33 @@ from ..kernels.lookup import build_lookup
 from .legalize import LEGALIZE
 from .patterns import bindings as function_bindings, dtype_of, is_scalar_constant, static_shape
 
+# transcendental (or otherwise costly) unary functions: a chain with one of them is always a table
+_TRANSCENDENTAL = ("sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt", "nn.gelu", "nn.gelu_tanh", "nn.silu",
+                   "nn.softplus", "nn.selu", "power", "sin", "cos", "tan", "sinh", "cosh", "asin", "acos", "atan",
+                   "asinh", "acosh", "atanh")
 ELEMENTWISE = frozenset(
     f"relax.{name}"
-    for name in ("quantize", "dequantize", "nn.relu", "clip", "sigmoid", "tanh", "exp", "log", "erf", "sqrt",
-                 "rsqrt", "astype", "negative", "nn.gelu", "nn.gelu_tanh", "nn.silu", "nn.softplus", "abs",
-                 "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "round", "floor", "ceil")
+    for name in ("quantize", "dequantize", "nn.relu", "nn.leakyrelu", "nn.prelu", "clip", "astype", "negative", "abs",
+                 "sign", "square", "add", "subtract", "multiply", "divide", "maximum", "minimum", "round", "floor",
+                 "ceil", "trunc", "greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "where",
+                 "logical_not", "logical_and", "logical_or", *_TRANSCENDENTAL)
 )
-COSTLY = frozenset(
-    f"relax.{name}"
-    for name in ("sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt", "nn.gelu", "nn.gelu_tanh", "nn.silu",
-                 "nn.softplus", "power")
-)
+COSTLY = frozenset(f"relax.{name}" for name in _TRANSCENDENTAL)
+# Movements on the chain. The table commutes with them: it runs on the leaf, and the movements run
+# after it, on the 8-bit codes. Those that keep the elements in row-major order (an exporter's Reshape
+# between GELU and the next Gemm, which ORT's quantize_static leaves unquantized) need only the final
+# shape; a transpose (one that the layout pass left before an activation it does not know, after a
+# convolution) is replayed. Two chain values meet in an operator only where the same transposes
+# made both (x * sigmoid(x) with x transposed once), else the chain is declined.
+SHAPE_ONLY = frozenset(f"relax.{name}" for name in ("reshape", "expand_dims", "squeeze", "flatten"))
+TRANSPOSE = "relax.permute_dims"
+MOVES = SHAPE_ONLY | {TRANSPOSE}
 EIGHT_BIT = ("uint8", "int8")
+# A chain is cut at the first 8-bit value past CUT_OPS operators (the value becomes its leaf, and the
+# part above it a table of its own: the composition of two tables is the chain, exactly), and declined
+# past MAX_OPS operators without an 8-bit value to cut at. The walk back recurses once per operator, so
+# these bound its depth whatever the graph's length (3000 Q/DQ'd element-wise ops make a few dozen tables).
+CUT_OPS, MAX_OPS = 48, 160
 
 
 @dataclass
@@ -55,6 +72,8 @@ class _Chain:
     leaf: relax.Var  # the one 8-bit input
     body: relax.Expr  # the chain rebuilt over a [256] parameter of the leaf's dtype
     ops: int  # element-wise operators folded (its quantizes and dequantizes included)
+    shape: tuple | None = None  # the final quantize's shape, where movements on the chain change the leaf's
+    transposes: tuple = ()  # (input shape, axes) of each transpose from the leaf to the quantize, in order
 
 
 class _ChainBuilder:
@@ -63,6 +82,9 @@ class _ChainBuilder:
     def __init__(self, bindings, params):
         self.bindings, self.params = bindings, params
         self.leaf, self.costly, self.ops, self.memo = None, False, 0, {}
+        # a source expression -> the transposes between the leaf and it (a tuple, () for the leaf and
+        # what reshapes alone made from it); constants have none (None: they meet any value)
+        self.views = {}
 
     def rebuild(self, expr):
         if isinstance(expr, (FloatImm, IntImm)):
@@ -72,6 +94,8 @@ class _ChainBuilder:
         if isinstance(expr, relax.Var):  # a DAG: a value read twice is rebuilt (and counted) once
             if expr not in self.memo:
                 self.memo[expr] = self._rebuild_var(expr)
+                is_leaf = self.leaf is not None and self.leaf.same_as(expr)
+                self.views[expr] = () if is_leaf else self.views.get(self.bindings.get(expr))
             return self.memo[expr]
         return self._rebuild_call(expr)
 
@@ -79,10 +103,13 @@ class _ChainBuilder:
         value = self.bindings.get(expr)
         if isinstance(value, relax.Var):
             return self.rebuild(value)
-        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ELEMENTWISE):
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and (value.op.name in ELEMENTWISE or value.op.name in MOVES)):
             return self._leaf(expr)
         if static_shape(expr) is None or dtype_of(expr) not in EIGHT_BIT:
             return self.rebuild(value)
+        if self.ops >= CUT_OPS:
+            return self._leaf(expr)
         # an 8-bit value computed element-wise: the chain goes on through it where it can, else starts
         # here (a sigmoid after a requantizing concatenation: a table of the code the concatenation wrote)
         saved = (self.leaf, self.costly, self.ops, dict(self.memo))
@@ -93,15 +120,61 @@ class _ChainBuilder:
             return self._leaf(expr)
 
     def _rebuild_call(self, expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in MOVES:
+            return self._rebuild_move(expr)
         if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ELEMENTWISE):
             raise _Declined
+        self._check_no_broadcast(expr)
         self.costly |= expr.op.name in COSTLY
         self.ops += 1
-        args = [self.rebuild(a) for a in expr.args]
+        if self.ops > MAX_OPS:
+            raise _Declined
+        if expr.op.name == "relax.nn.prelu":  # one slope for every channel: leakyrelu's select(x > 0, x, x * a)
+            x, slope = self.rebuild(expr.args[0]), self.rebuild(expr.args[1])
+            if not isinstance(slope, tvm.ir.expr.Constant):
+                raise _Declined  # a slope computed from the input: not PRelu as exporters write it
+            self.views[expr] = self.views.get(expr.args[0])
+            return relax.op.nn.leakyrelu(x, float(slope.value.numpy()))
+        # operands other than vars first: a per-channel constant declines before the walk goes on up
+        order = sorted(range(len(expr.args)), key=lambda i: isinstance(expr.args[i], relax.Var))
+        rebuilt = {i: self.rebuild(expr.args[i]) for i in order}
+        args = [rebuilt[i] for i in range(len(expr.args))]
+        views = {self.views.get(a) for a in expr.args} - {None}
+        if len(views) > 1:
+            raise _Declined  # two values of the chain in different element orders
+        self.views[expr] = views.pop() if views else None
         if expr.op.name in ("relax.quantize", "relax.dequantize"):  # scalar parameters: any axis is fine
             op = relax.op.quantize if expr.op.name == "relax.quantize" else relax.op.dequantize
             return op(args[0], args[1], args[2], -1, str(expr.attrs.out_dtype))
         return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
+
+    def _rebuild_move(self, expr):
+        """A movement: the identity on the [256] values; a transpose is recorded in the view."""
+        x = self.rebuild(expr.args[0])
+        view = self.views.get(expr.args[0])
+        if expr.op.name == TRANSPOSE and view is not None:
+            shape = static_shape(expr.args[0])
+            if shape is None:
+                raise _Declined
+            axes = expr.attrs.axes
+            axes = tuple(range(len(shape)))[::-1] if axes is None else tuple(int(a) for a in axes)
+            view = (*view, (shape, axes))
+        self.views[expr] = view
+        return x
+
+    @staticmethod
+    def _check_no_broadcast(expr):
+        """Each tensor operand of an element-wise op has the op's element count: with reshapes on the
+        chain, two of its values meet element for element only so (no operand broadcast along an axis);
+        a per-channel constant operand (a PRelu slope, a per-axis scale) is declined by ``rebuild``."""
+        out = static_shape(expr)
+        if out is None:
+            raise _Declined
+        for arg in expr.args:
+            if isinstance(arg, relax.Var) and isinstance(arg.ty, relax.TensorType):
+                shape = static_shape(arg)
+                if shape is None or (int(np.prod(shape)) != int(np.prod(out)) and int(np.prod(shape)) != 1):
+                    raise _Declined
 
     def _leaf(self, var):
         if static_shape(var) is None or dtype_of(var) not in EIGHT_BIT:
@@ -135,7 +208,7 @@ def find_chains(func, min_ops: int | None = None) -> tuple[list[_Chain], dict]:
             continue
         wanted = builder.costly or (min_ops is not None and (builder.ops >= min_ops or var in growing))
         if wanted and builder.leaf is not None:
-            chains.append(_Chain(value, builder.leaf, body, builder.ops))
+            chains.append(_Chain(value, builder.leaf, body, builder.ops, static_shape(var), builder.views.get(value) or ()))
     return chains, params
 
 
@@ -153,21 +226,23 @@ def _feeding_growth(bindings) -> set:
             if isinstance(arg, relax.Var):
                 readers.setdefault(arg, []).append(var)
 
-    def feeds(var, start) -> bool:
-        """Every reader of ``var`` a movement, and each of them makes more elements than ``start`` has,
-        itself or through its own readers."""
-        users = readers.get(var, [])
-        if not users:
-            return False
-        for user in users:
-            call = bindings[user]
-            if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in moves):
+    def feeds(start) -> bool:
+        """Every reader of ``start`` a movement, and each of them makes more elements than ``start``
+        has, itself or through its own readers (a worklist over the readers)."""
+        todo = [start]
+        while todo:
+            users = readers.get(todo.pop(), [])
+            if not users:
                 return False
-            if not grows(start, call) and not feeds(user, start):
-                return False
+            for user in users:
+                call = bindings[user]
+                if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in moves):
+                    return False
+                if not grows(start, call):
+                    todo.append(user)
         return True
 
-    return {var for var in bindings if feeds(var, var)}
+    return {var for var in bindings if feeds(var)}
 
 
 def _table_inputs(dtype: str) -> np.ndarray:
@@ -209,7 +284,8 @@ class _Replacer(relax.PyExprMutator):
                     return self._lookup_kernel(x, chain, table)
                 if dtype_of(chain.leaf) == "int8":
                     x = relax.op.astype(x, "uint8")
-                return relax.op.take(relax.const(table), x, axis=0, mode="clip")  # in range by construction
+                y = relax.op.take(relax.const(table), x, axis=0, mode="clip")  # in range by construction
+                return _moved(y, static_shape(chain.leaf), chain)
         return super().visit_call_(call)
 
     def _lookup_kernel(self, x, chain, table):
@@ -220,7 +296,19 @@ class _Replacer(relax.PyExprMutator):
         gvar = self.builder_.add_func(func, name)
         flat = relax.op.reshape(x, (n,)) if len(shape) != 1 else x
         y = relax.call_tir(gvar, [flat, relax.const(self.intrin.pack(table))], relax.TensorType((n,), out_dtype))
-        return relax.op.reshape(y, shape) if len(shape) != 1 else y
+        return _moved(y, (n,), chain)
+
+
+def _moved(y, shape, chain):
+    """The looked-up codes ``y`` (of ``shape``, the leaf's elements in its order) moved as the chain
+    moved them: its transposes replayed, then the final quantize's shape."""
+    for in_shape, axes in chain.transposes:
+        if tuple(shape) != tuple(in_shape):
+            y = relax.op.reshape(y, in_shape)
+        y = relax.op.permute_dims(y, axes)
+        shape = tuple(in_shape[a] for a in axes)
+    out = chain.shape or shape
+    return y if tuple(out) == tuple(shape) else relax.op.reshape(y, out)
 
 
 def lookup_tables_module(mod, spec=None):

@@ -271,21 +271,26 @@ def is_scalar_constant(expr) -> bool:
     return shape is not None and int(np.prod(shape)) == 1
 
 
-def reads_an_input(expr, lookup, seen=None) -> bool:
-    """Whether ``expr`` depends on a parameter of the function (not on constants and shapes alone)."""
-    seen = set() if seen is None else seen
-    if isinstance(expr, relax.Var):
-        if expr in seen:
-            return False
-        seen.add(expr)
-        bound = lookup(expr)
-        return True if bound is None else reads_an_input(bound, lookup, seen)
-    if isinstance(expr, relax.Tuple):
-        return any(reads_an_input(f, lookup, seen) for f in expr.fields)
-    if isinstance(expr, relax.TupleGetItem):
-        return reads_an_input(expr.tuple_value, lookup, seen)
-    if isinstance(expr, relax.Call):
-        return any(reads_an_input(a, lookup, seen) for a in expr.args)
+def reads_an_input(expr, lookup) -> bool:
+    """Whether ``expr`` depends on a parameter of the function (not on constants and shapes alone).
+    A worklist over producers: its depth does not grow with the graph's."""
+    seen, todo = set(), [expr]
+    while todo:
+        expr = todo.pop()
+        if isinstance(expr, relax.Var):
+            if expr in seen:
+                continue
+            seen.add(expr)
+            bound = lookup(expr)
+            if bound is None:
+                return True
+            todo.append(bound)
+        elif isinstance(expr, relax.Tuple):
+            todo.extend(expr.fields)
+        elif isinstance(expr, relax.TupleGetItem):
+            todo.append(expr.tuple_value)
+        elif isinstance(expr, relax.Call):
+            todo.extend(expr.args)
     return False
 
 

@@ -10,6 +10,7 @@ from .cuda import CudaPackBRule, CudaQGemmRule
 from .depthwise import DepthwiseRule
 from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
+from .generic import GenericRule
 from .fp8_weights import Fp8WeightsRule
 from .fp32_depthwise import Fp32DepthwiseRule
 from .fp32_gemm import Fp32GemmRule
@@ -24,10 +25,11 @@ from .softmax_vectors import VectorSoftmaxRule
 from .strided import StridedReductionRule
 from .window import WindowReductionRule
 
-# in priority order: ours first, TVM's dlight row-reduction rule (softmax, layer norm) last
+# in priority order: ours first, then TVM's dlight row-reduction rule (softmax, layer norm), and last the
+# generic rule, which accepts whatever the others decline (no kernel is left serial and scalar)
 DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), Bf16GemmRule(), Fp32GemmRule(), Fp32DepthwiseRule(), Fp32MatmulRule(), PackBRule(), Im2colRule(), Col2imRule(),
                  VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), SeparablePoolRule(), ByteTransposeRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
-                 DlightRule(_dlight_cpu.Reduction()))
+                 DlightRule(_dlight_cpu.Reduction(), no_recompute=True), GenericRule())
 
 
 # GPU rows: the mma GEMM, then TVM's dlight GPU rules (the fallback accepts anything it can bind)
@@ -48,5 +50,5 @@ def schedule_func(func, spec, rules=None):
 
 
 __all__ = ["Bf16GemmRule", "ByteTransposeRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
-           "ElementwiseRule", "Fp32DepthwiseRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
+           "ElementwiseRule", "Fp32DepthwiseRule", "GenericRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
            "RULES", "RowOpRule", "SeparablePoolRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "schedule_func"]

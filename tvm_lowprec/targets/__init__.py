@@ -10,6 +10,7 @@ from typing import Mapping
 from ..hwspec import AOperand, CudaTargetSpec, GemmIntrin, GemmRecipe, TargetSpec, Tile
 from .arm import ARM_TARGETS
 from .cuda import CUDA_TARGETS
+from .hosts import HOST_FEATURES_ENV, RECORDED_HOSTS, RecordedHost, recorded_host, simulated_host
 from .x86 import X86_TARGETS
 
 _REGISTRY: dict[str, TargetSpec] = {}
@@ -46,8 +47,9 @@ def cpuinfo_features(flags: str) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def host_features() -> frozenset[str]:
-    """CPU features of the machine we run on (Linux ``/proc/cpuinfo`` flags, LLVM names)."""
+def real_host_features() -> frozenset[str]:
+    """CPU features of the machine we really run on (Linux ``/proc/cpuinfo`` flags, LLVM names), whatever
+    host is simulated: what decides, with :func:`host_features`, which code may run natively."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -62,12 +64,64 @@ def host_features() -> frozenset[str]:
     return frozenset(str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target))
 
 
+def host_features() -> frozenset[str]:
+    """CPU features of the host (``/proc/cpuinfo`` flags, LLVM names): the machine we run on, or the
+    recorded host named by ``TVM_LOWPREC_HOST_FEATURES`` (:mod:`tvm_lowprec.targets.hosts`), which
+    ``"native"`` is then resolved for. What may *run* natively: :func:`runnable_features`."""
+    simulated = simulated_host()
+    return simulated.features if simulated is not None else real_host_features()
+
+
+def runnable_features() -> frozenset[str]:
+    """The features code built here may use and still run natively in this process: :func:`host_features`,
+    and, where a recorded host is simulated, only those the real CPU has too (simulating a Sapphire
+    Rapids' AMX on a Zen 4 leaves those rows emulated or compile-only, never a SIGILL)."""
+    features = host_features()
+    return features & real_host_features() if simulated_host() is not None else features
+
+
+def host_cpu() -> str:
+    """The LLVM CPU name of the host (the ``mcpu`` of ``"native"``): the simulated host's recorded one,
+    else ``llvm_get_system_cpu()``. Retargeting emulated code reads the real CPU instead
+    (:func:`tvm_lowprec.emulation.host_cpu`)."""
+    simulated = simulated_host()
+    if simulated is not None:
+        return simulated.cpu
+    import tvm
+
+    return str(tvm.target.codegen.llvm_get_system_cpu())
+
+
 def host_supports(spec: TargetSpec) -> bool:
     """True when this machine's CPU can execute code built for ``spec``: it has every feature the spec's
     kernels may use, its optional recipes' included (:attr:`TargetSpec.code_features`: the VNNI row's
     bf16 GEMM needs AVX512_BF16, which a Cascade Lake lacks; its ``native`` spec drops that recipe).
+    Under a simulated host: only where both it and the real CPU have them (:func:`runnable_features`).
     Never for a GPU row: see :func:`tvm_lowprec.cuda.run.cuda_device_available`."""
-    return spec.device == "cpu" and set(spec.code_features) <= host_features()
+    return spec.device == "cpu" and set(spec.code_features) <= runnable_features()
+
+
+def _isa_name(feature: str) -> str:
+    """A feature's name as LLVM and ``/proc/cpuinfo`` both reduce to (``amx-tile``, ``amx_tile`` -> ``amxtile``)."""
+    return feature.lower().replace("-", "").replace("_", "").replace(".", "")
+
+
+def _lacking_here(cpu: str, keep) -> list[str]:
+    """Under a simulated host: ``-f`` for each extension that LLVM's ``cpu`` switches on, the recorded host
+    has and this machine lacks (not those in ``keep``, the spec's own): LLVM uses some unasked (SSE4a's
+    ``insertq`` for plain shuffles under ``znver3``, AVX-VNNI for multiply-adds under ``sapphirerapids``),
+    so ``native`` built as on a Zen 3 must not fault on an Intel CPU, nor as on a Sapphire Rapids on a Zen
+    4. Tuning flags (not extensions a recorded host lists) stay. Without a simulated host: ``[]``."""
+    simulated = simulated_host()
+    if simulated is None:
+        return []
+    import tvm
+
+    implied = tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))
+    recorded = {_isa_name(f) for f in simulated.features}
+    real = {_isa_name(f) for f in real_host_features()}
+    return [f"-{f}" for f in sorted(str(f) for f in implied)
+            if f not in keep and _isa_name(f) in recorded and _isa_name(f) not in real]
 
 
 def native_target() -> TargetSpec:
@@ -76,15 +130,15 @@ def native_target() -> TargetSpec:
     host = host_features()
     for spec in registered_targets("cpu").values():
         if set(spec.features) <= host:
-            import tvm
-
-            cpu = tvm.target.codegen.llvm_get_system_cpu()
+            cpu = host_cpu()
             derived = spec.for_cpu(host)
             # LLVM names the CPU from its family and model, which a hypervisor or a CPU newer than the
             # LLVM may misreport (a 2-core KVM Xeon with AMX and AVX512_BF16 reads "rocketlake", which
             # has neither): the features this spec's kernels use are switched on by name, so its
             # code never needs the CPU name to imply them (vdpbf16ps on "rocketlake" aborted LLVM)
-            llvm = {"kind": "llvm", "mcpu": cpu, "mattr": [f"+{f}" for f in derived.code_features]}
+            # under a simulated host, its CPU name's extensions that this machine lacks switched off
+            llvm = {"kind": "llvm", "mcpu": cpu,
+                    "mattr": [f"+{f}" for f in derived.code_features] + _lacking_here(cpu, derived.code_features)}
             # every row field carried over (a new field reaches ``native`` without an edit here)
             return dataclasses.replace(derived, name=f"native({spec.name})", llvm=llvm, aliases=(),
                                        description=f"this host ({cpu}) via {spec.name}", base=spec.name)
@@ -151,14 +205,22 @@ __all__ = [
     "CudaTargetSpec",
     "GemmIntrin",
     "GemmRecipe",
+    "HOST_FEATURES_ENV",
+    "RECORDED_HOSTS",
+    "RecordedHost",
     "TargetSpec",
     "Tile",
     "cpuinfo_features",
+    "host_cpu",
     "host_features",
     "host_supports",
     "llvm_feature_name",
     "native_target",
+    "real_host_features",
+    "recorded_host",
     "register_target",
     "registered_targets",
     "resolve_target",
+    "runnable_features",
+    "simulated_host",
 ]

@@ -1,0 +1,303 @@
+"""One zoo model end to end, in-process (:func:`run_model`) or in a process of its own (:func:`run_isolated`).
+
+Stages, recorded as they start (a process that dies leaves the stage it died in): ``build`` (export,
+``quant_pre_process``, ``quantize_static``; cached), ``reference`` (ONNX Runtime on the QDQ graph as
+written, ``ORT_DISABLE_ALL``, and its sensitivity: ``model_bench.reference_outputs``), ``import``
+(``tvm_lowprec.from_onnx``), ``compile`` (``tvm_lowprec.compile(..., target="native")``), ``check``
+(``model_bench.check_row``: cosine and max difference against the QDQ graph, in output steps), ``time``
+(tvm-lowprec vs ORT INT8 vs ORT FP32 per thread count, interleaved and quiesced:
+``tvm_lowprec.bench.timing.measure_interleaved``) and ``profile`` (``Compiled.profile``, the slowest
+kernels). A Python exception in a stage is recorded (``error``, ``stage``) and the ORT timings still run
+where they can; a crash, abort or timeout is recorded by :func:`run_isolated` from outside.
+
+``python -m zoo.runner --name NAME --config JSON --result PATH`` (cwd ``benchmarks/``) is the child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parents[1]
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+
+from tvm_lowprec.bench.report import json_safe  # noqa: E402
+
+from .common import DEFAULT_CACHE, ZooUnavailable, log  # noqa: E402
+
+STAGES = ("build", "reference", "import", "compile", "check", "time", "profile", "done")
+
+
+@dataclass
+class RunConfig:
+    """What :func:`run_model` does with a model (JSON-serialisable: it crosses the process boundary).
+
+    ``timing``: ``"default"``, ``"quick"`` (``tvm_lowprec.bench.timing``'s timings) or None (no timing,
+    no profile: the tests). ``size`` overrides the input size; ``small`` picks the model's reduced size.
+    """
+
+    cache: str = str(DEFAULT_CACHE)
+    small: bool = False
+    size: int | None = None
+    dynamo: bool = True
+    fmt: str = "QDQ"
+    s8s8: bool = False
+    calibration: int = 4
+    threads: list[int] = field(default_factory=lambda: [1, 2])
+    timing: str | None = "default"
+    profile: bool = True
+    top: int = 3
+
+
+def _timing(name: str):
+    from tvm_lowprec.bench.timing import DEFAULT_TIMING, QUICK_TIMING
+
+    return {"default": DEFAULT_TIMING, "quick": QUICK_TIMING}[name]
+
+
+class _Recorder:
+    """The result dict, written to ``path`` at every stage (what survives a crash)."""
+
+    def __init__(self, result: dict, path: Path | None):
+        self.result, self.path = result, path
+        self.flush()
+
+    def stage(self, name: str) -> None:
+        self.result["stage"] = name
+        log(f"[{self.result['model']}] {name}")
+        self.flush()
+
+    def flush(self) -> None:
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(json_safe(self.result), indent=1))
+            tmp.replace(self.path)
+
+
+def _fail(rec: _Recorder, err: BaseException) -> None:
+    from model_bench import error_text
+
+    rec.result.update(status="error", error=f"{rec.result['stage']}: {error_text(err)}", failed_stage=rec.result["stage"],
+                      traceback=traceback.format_exc(limit=12))
+    log(f"[{rec.result['model']}] {rec.result['error']}")
+    rec.flush()
+
+
+def run_model(name: str, config: RunConfig | None = None, result_path: Path | None = None) -> dict:
+    """Run zoo model ``name`` end to end in this process; the result dict (also written to
+    ``result_path`` as each stage starts)."""
+    import zoo
+    from zoo.build import QuantOptions, build, output_scale
+
+    config = config or RunConfig()
+    entry = zoo.REGISTRY[name]
+    size = entry.resolve_size(config.size, config.small)
+    rec = _Recorder({"model": name, "source": entry.source, "description": entry.description, "size": size,
+                     "status": "running", "stage": "build", "error": "", "config": asdict(config)}, result_path)
+    res = rec.result
+    try:
+        stamps: dict = {}
+        built = build(entry, Path(config.cache), size=size, dynamo=config.dynamo,
+                      options=QuantOptions(config.fmt, config.s8s8, config.calibration), timings=stamps)
+    except ZooUnavailable as err:
+        res.update(status="skipped", error=f"build: {err}")
+        rec.flush()
+        return res
+    except Exception as err:  # noqa: BLE001 - every failure is a row
+        _fail(rec, err)
+        return res
+    res.update({k: round(v, 2) for k, v in stamps.items()})
+    res.update(input=", ".join(f"{i.name} {'x'.join(map(str, i.shape))}" for i in built.spec.inputs),
+               fp32=str(built.fp32_path), int8=str(built.int8_path), output=built.spec.output,
+               nodes_fp32=built.manifest["fp32"]["nodes"], nodes_int8=built.manifest["int8"]["nodes"],
+               ops_int8=built.manifest["int8"]["ops"])
+    return _run_built(rec, built, config, output_scale(built.int8_path, built.spec.output))
+
+
+def _run_built(rec: _Recorder, built, config: RunConfig, scale: float | None) -> dict:
+    import tvm_lowprec
+    from model_bench import check_row, max_abs_diff, perturbed, reference_outputs
+    from models.build import make_feed
+    from tvm_lowprec.bench.providers import ort_session
+
+    res = rec.result
+    feed = make_feed(built.spec)
+    rec.stage("reference")
+    try:
+        refs = reference_outputs(built, feed)
+        noisy = perturbed(feed)
+        if noisy is not None and scale:
+            qdq = ort_session(built.int8_path, 1, optimize=False)
+            moved = max_abs_diff(qdq.run([built.spec.output], noisy)[0], refs.int8_qdq)
+            res["sensitivity_steps"] = moved / scale
+    except Exception as err:  # noqa: BLE001
+        _fail(rec, err)
+        return res
+    res.update(output_scale=scale, sensitivity_cosine=refs.qdq_sensitivity)
+
+    compiled = None
+    rec.stage("import")
+    try:
+        mod = tvm_lowprec.from_onnx(str(built.int8_path))
+        rec.stage("compile")
+        start = time.perf_counter()
+        compiled = tvm_lowprec.compile(mod, target="native")
+        res["compile_s"] = round(time.perf_counter() - start, 2)
+        res["target"] = compiled.spec.name
+        rec.stage("check")
+        outputs = compiled(feed)
+        out = outputs[refs.index] if len(outputs) == refs.count else outputs[0]
+        checks = check_row("tvm-lowprec-int8", out, refs)
+        res.update(cosine=checks["cos_vs_ort_int8_qdq"], max_abs_diff=checks["max_abs_diff_vs_ort_int8_qdq"],
+                   cos_vs_ort_int8_fused=checks["cos_vs_ort_int8"], cos_vs_ort_fp32=checks["cos_vs_ort_fp32"],
+                   steps=(checks["max_abs_diff_vs_ort_int8_qdq"] / scale) if scale else None,
+                   status=checks["status"])
+        if len(outputs) != refs.count:
+            res["note"] = f"tvm-lowprec returned {len(outputs)} outputs, ORT {refs.count}"
+    except Exception as err:  # noqa: BLE001 - RecursionError, TVM's errors, LowPrecError, ...
+        _fail(rec, err)
+        compiled = None
+    if config.timing:
+        rec.stage("time")
+        try:
+            res["times"] = _time(built, feed, compiled, config)
+        except Exception as err:  # noqa: BLE001
+            res["time_error"] = f"{type(err).__name__}: {err}"[:400]
+        if compiled is not None and config.profile:
+            rec.stage("profile")
+            res["profile_top"] = _profile(compiled, feed, config)
+    if res["status"] == "running":
+        res["status"] = "ok"
+    res["stage"] = "done" if res["status"] in ("ok", "mismatch") else res.get("failed_stage", res["stage"])
+    rec.flush()
+    return res
+
+
+def _time(built, feed: dict, compiled, config: RunConfig) -> dict:
+    """Milliseconds per call of each runtime at each thread count: tvm-lowprec (``Compiled.__call__``),
+    ORT INT8 (default graph optimizations) and ORT FP32 (``session.run``), all by wall clock, interleaved
+    and quiesced (``measure_interleaved(..., quiesce=True)``), each warmed up by one call first."""
+    from tvm_lowprec.bench.providers import ort_session
+    from tvm_lowprec.bench.timing import measure_interleaved, wall_loop
+
+    timing = _timing(config.timing)
+    times = {}
+    for threads in config.threads:
+        calls = {}
+        if compiled is not None:
+            compiled.num_threads = threads  # the pool is resized at the next call (Compiled._set_threads)
+            calls["tvm-lowprec"] = lambda: compiled(feed)
+        int8 = ort_session(built.int8_path, threads)
+        fp32 = ort_session(built.fp32_path, threads)
+        calls["ort-int8"] = lambda: int8.run(None, feed)
+        calls["ort-fp32"] = lambda: fp32.run(None, feed)
+        for call in calls.values():
+            call()
+        measured = measure_interleaved({k: wall_loop(c) for k, c in calls.items()}, timing, quiesce=True)
+        times[str(threads)] = {k: {"ms": m.seconds * 1e3, "number": m.number, "repeat": m.repeat}
+                               for k, m in measured.items()}
+        log(f"  {threads} thr: " + ", ".join(f"{k} {v['ms']:.2f} ms" for k, v in times[str(threads)].items()))
+    return times
+
+
+def _profile(compiled, feed: dict, config: RunConfig) -> list[dict] | dict:
+    """The ``config.top`` slowest kernels at one thread, each timed alone (``Compiled.profile(isolated=
+    True)``), with the figures model_bench reports (GOPS for GEMMs, % of copy bandwidth for the rest)."""
+    from model_bench import _op_summary, error_text
+    from tvm_lowprec.bench.report import profile_figures
+
+    compiled.num_threads = 1
+    try:
+        rows = compiled.profile(feed, repeat=2 if config.timing == "quick" else 5, isolated=True)
+    except Exception as err:  # noqa: BLE001
+        return {"error": error_text(err)}
+    return [{"name": r["name"], "op": _op_summary(r), "intrinsic": r.get("intrinsic"), "ms": r["ms"],
+             "share": r["share"], "gops": r.get("gops"), "pct_copy": r.get("pct_copy"), "figures": profile_figures(r)}
+            for r in rows[: config.top]]
+
+
+# ---------------------------------------------------------------- isolation
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+def _last_error_line(log_path: Path) -> str:
+    """The most telling line of a dead child's log: the last one naming an error, else the last line."""
+    try:
+        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    for line in reversed(lines[-200:]):
+        if any(word in line for word in ("ERROR", "Error", "error:", "Fatal", "fault", "Abort")):
+            return line[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def run_isolated(name: str, config: RunConfig, timeout: float | None, log_path: Path,
+                 result_path: Path | None = None) -> dict:
+    """:func:`run_model` in a child process: its result, or, where the child crashed, was killed by a
+    signal or ran past ``timeout`` seconds, the partial result with ``status`` ``crashed`` or ``timeout``
+    and the reason (the stage it was in, the signal, the last error line of ``log_path``)."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    result_path = Path(result_path) if result_path else log_path.with_suffix(".result.json")
+    result_path.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "zoo.runner", "--name", name, "--config", json.dumps(asdict(config)),
+           "--result", str(result_path)]
+    start = time.perf_counter()
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, cwd=str(BENCH_DIR), env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the child and whatever it started
+            code, timed_out = proc.wait(), True
+    wall = time.perf_counter() - start
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError):
+        result = {"model": name, "stage": "start", "status": "running", "error": ""}
+    result["wall_s"] = round(wall, 1)
+    result["log"] = str(log_path)
+    stage = result.get("stage", "?")
+    if timed_out:
+        result.update(status="timeout", error=f"{stage}: timed out after {timeout:g} s")
+    elif code < 0:
+        last = _last_error_line(log_path)
+        result.update(status="crashed", error=f"{stage}: killed by {_signal_name(-code)}" + (f" ({last})" if last else ""))
+    elif code != 0 and result.get("status") in ("running", None):
+        result.update(status="crashed", error=f"{stage}: exit code {code} ({_last_error_line(log_path)})")
+    elif result.get("status") == "running":
+        result.update(status="crashed", error=f"{stage}: the child exited without a result")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="run one zoo model (the child of zoo.runner.run_isolated)")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--config", required=True, help="RunConfig as JSON")
+    parser.add_argument("--result", type=Path, required=True)
+    args = parser.parse_args(argv)
+    run_model(args.name, RunConfig(**json.loads(args.config)), args.result)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown (TVM's and ORT's thread pools at exit)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

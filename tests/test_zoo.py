@@ -1,0 +1,79 @@
+"""The model zoo's code path (benchmarks/zoo/) on three of its smallest models: build with random weights,
+export, ORT's pre-processing and static quantization, tvm_lowprec.compile, compare with ONNX Runtime running
+the same QDQ file as written. Each model runs in its own process (zoo.runner.run_isolated), as in
+``benchmarks/zoo.py``; no timing. Built files are cached (``TVM_LOWPREC_ZOO_CACHE``, default
+``~/.cache/tvm-lowprec-zoo``): the first run exports (about a minute more), later runs reuse them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")
+
+import zoo  # noqa: E402
+from zoo.common import ZooModel  # noqa: E402
+from zoo.runner import RunConfig, run_isolated  # noqa: E402
+
+TIMEOUT_S = 240  # per model process; a cold cache (export + quantize + compile) takes about a minute
+
+# (zoo name, input size, the packages its builder imports)
+CASES = [
+    ("squeezenet1_1", 64, ("torchvision",)),  # a CNN at 64x64
+    ("bert_tiny", 32, ("transformers",)),  # 2-layer BERT, d 128, sequence 32
+    ("yolov8n", 128, ("ultralytics",)),  # a detector at 128x128
+]
+
+
+def _require(packages):
+    for package in packages:
+        if package == "torchvision":  # through the zoo's import (declares the operator schemas if needed)
+            from zoo.torchvision import import_torchvision
+
+            try:
+                import_torchvision()
+            except ImportError:
+                pass
+        pytest.importorskip(package)
+
+
+def test_registry_shapes():
+    """Every source is present, every entry is a ZooModel with a reduced size no larger than its default."""
+    assert set(zoo.SOURCES) == {"torchvision", "timm", "transformers", "ultralytics"}
+    for name, entry in zoo.REGISTRY.items():
+        assert isinstance(entry, ZooModel) and entry.name == name
+        assert 0 < entry.small_size <= entry.size
+    for name in zoo.QUICK:
+        assert name in zoo.REGISTRY
+    assert zoo.REGISTRY["yolov8n"].key(160, True) == "yolov8n-160-ultralytics"
+
+
+@pytest.mark.parametrize("name,size,packages", CASES, ids=[c[0] for c in CASES])
+def test_zoo_model_matches_onnxruntime(name, size, packages, tmp_path):
+    _require(packages)
+    config = RunConfig(size=size, timing=None, profile=False, threads=[1])
+    result = run_isolated(name, config, TIMEOUT_S, tmp_path / f"{name}.log")
+    log_tail = (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:]
+    assert result["status"] == "ok", f"{name}: {result.get('status')}: {result.get('error')}\n{log_tail}"
+    assert result["stage"] == "done"
+    assert result["compile_s"] > 0
+    assert result["cosine"] >= 0.999, json.dumps(result, indent=1)[:2000]
+    manifest = json.loads(Path(result["int8"]).with_suffix("").with_suffix(".json").read_text())
+    assert manifest["quantization"]["quant_format"] == "QDQ"
+    assert manifest["int8"]["ops"].get("QuantizeLinear", 0) > 0  # really quantized
+
+
+def test_crash_is_a_row(tmp_path):
+    """A model process that dies is reported with its stage and signal, not raised."""
+    result = run_isolated("no_such_model", RunConfig(timing=None), 120, tmp_path / "x.log")
+    assert result["status"] == "crashed"
+    assert "exit code" in result["error"] or "without a result" in result["error"]
