@@ -27,6 +27,7 @@ from tvm.relax.backend.cuda import pipeline as cuda
 
 from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.finite_quantize import finite_quantize_module
+from .quant.fold_constants import fold_constants_module
 from .quant.float_gemm import float_gemm_module
 from .quant.fold_qdq import fold_qdq_module
 from .quant.integer_binary import integer_binary_module
@@ -108,12 +109,16 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
                 relax.transform.DeadCodeElimination(),
                 relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE),  # quantize: NaN -> zero point
                 relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
+                fold_constants_module_pass(),  # not relax's FoldConstant: see quant/fold_constants.py
                 relax.transform.FuseOps(),
                 relax.transform.FuseTIR(),
                 relax.transform.DeadCodeElimination(),
             ]
         )(mod)
+
+
+def fold_constants_module_pass():
+    return tvm.transform.module_pass(lambda mod, _ctx: fold_constants_module(mod), opt_level=0, name="lowprec.FoldConstants")
 
 
 # The most operators FuseOps puts in one kernel (TVM's default: 256). A requantization reads its input

@@ -15,6 +15,7 @@ import onnx
 from ..errors import DynamicShapeError, LowPrecError, UnsupportedOperatorError
 from .converters import EXTRA_CONVERTERS, extra_converters
 from .fold_batchnorm import fold_batchnorm
+from .conv1d import conv1d_as_conv2d
 from .fold_shapes import dynamic_report, fold_shapes
 from .matmul_nbits import rewrite_matmul_nbits
 from .narrow_types import widen_narrow_types
@@ -107,7 +108,7 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
         model, narrow_inputs, narrow_outputs = widen_narrow_types(model)
     except NotImplementedError as err:
         raise UnsupportedOperatorError(str(err)) from None
-    model = fold_batchnorm(fold_shapes(rewrite_qoperators(model), shape_dict))
+    model = conv1d_as_conv2d(fold_batchnorm(fold_shapes(rewrite_qoperators(model), shape_dict)))
     names = [vi.name for vi in _graph_inputs(model)]
     dynamic = dynamic_report(model)
     try:
