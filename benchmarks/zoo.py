@@ -181,7 +181,7 @@ def header(meta: dict) -> list[str]:
         "same QDQ file as written (`ORT_DISABLE_ALL`); steps = largest difference in the output's quantization step "
         f"(in parentheses: how far ORT's own QDQ output moves when the input is scaled by 1 + {PERTURBATION:g}·N(0,1), "
         f"the rounding-noise floor; `abs`: the output is float after the last DequantizeLinear, absolute difference). "
-        f"Status `mismatch`: cosine < {COSINE_OK} and below that noise floor. ms: median per call through "
+        f"Status `mismatch`: cosine < 0.999 (and < {COSINE_OK}) and further than that noise floor. ms: median per call through "
         "`Compiled.__call__` / `session.run`, batch 1, timed interleaved (tvm_lowprec.bench.timing."
         "measure_interleaved, quiesced), each runtime with its default thread policy; `÷ ORT INT8`: tvm-lowprec ms "
         "divided by ORT INT8 ms (ORT with its default graph optimizations: fused QLinear kernels), below 1 = "

@@ -58,6 +58,20 @@ class RunConfig:
     top: int = 3
 
 
+# The zoo's acceptance (the issue that built it): cosine against ORT's QDQ graph as written at least
+# this, or no further from it than the graph itself moves under a 1e-6 perturbation of the input (its
+# measured sensitivity, in quantization steps). model_bench's stricter COSINE_OK gate is kept as well.
+ZOO_COSINE_OK = 0.999
+
+
+def zoo_status(strict: str, res: dict) -> str:
+    """``"ok"`` where model_bench's gate passes, or the zoo's: cosine >= :data:`ZOO_COSINE_OK`, or at most
+    the graph's own sensitivity in steps; else ``"mismatch"``."""
+    if strict == "ok" or (res.get("cosine") or 0.0) >= ZOO_COSINE_OK:
+        return "ok"
+    steps, sensitivity = res.get("steps"), res.get("sensitivity_steps")
+    return "ok" if steps is not None and sensitivity is not None and steps <= sensitivity + 1e-6 else "mismatch"
+
 def _timing(name: str):
     from tvm_lowprec.bench.timing import DEFAULT_TIMING, QUICK_TIMING
 
@@ -159,8 +173,8 @@ def _run_built(rec: _Recorder, built, config: RunConfig, scale: float | None) ->
         checks = check_row("tvm-lowprec-int8", out, refs)
         res.update(cosine=checks["cos_vs_ort_int8_qdq"], max_abs_diff=checks["max_abs_diff_vs_ort_int8_qdq"],
                    cos_vs_ort_int8_fused=checks["cos_vs_ort_int8"], cos_vs_ort_fp32=checks["cos_vs_ort_fp32"],
-                   steps=(checks["max_abs_diff_vs_ort_int8_qdq"] / scale) if scale else None,
-                   status=checks["status"])
+                   steps=(checks["max_abs_diff_vs_ort_int8_qdq"] / scale) if scale else None)
+        res["status"] = zoo_status(checks["status"], res)
         if len(outputs) != refs.count:
             res["note"] = f"tvm-lowprec returned {len(outputs)} outputs, ORT {refs.count}"
     except Exception as err:  # noqa: BLE001 - RecursionError, TVM's errors, LowPrecError, ...
