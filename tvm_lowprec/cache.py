@@ -124,7 +124,7 @@ def compile_key(source: str, spec, options: dict, database=None) -> str | None:
     build cannot be keyed (a ``database`` object)."""
     import tvm
 
-    from .saved import FORMAT_VERSION, _jsonable, versions
+    from .saved import FORMAT_VERSION, _target_row, versions
 
     tuning = _database_digest(database, spec)
     if tuning is None:
@@ -134,8 +134,7 @@ def compile_key(source: str, spec, options: dict, database=None) -> str | None:
         **versions(),
         "package": _package_digest(),
         "source": source,
-        "target": {"name": spec.name, "llvm": _jsonable(dict(getattr(spec, "llvm", {}) or {})),
-                   "features": sorted(getattr(spec, "code_features", ()))},
+        "target": _target_row(spec),  # what a saved file records of its row, and checks on load
         "options": {k: repr(v) for k, v in sorted(options.items())},
         "tuning": tuning,
         "llvm_cpu": str(tvm.target.codegen.llvm_get_system_cpu()),

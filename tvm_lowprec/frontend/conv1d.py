@@ -17,12 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-
-def _attr(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
+from .graph_index import attributes, consumers, producers
 
 
 class _Graph:
@@ -31,11 +26,8 @@ class _Graph:
     def __init__(self, graph: onnx.GraphProto):
         self.graph = graph
         self.inits = {t.name: t for t in graph.initializer}
-        self.producer = {o: n for n in graph.node for o in n.output}
-        self.readers: dict = {}
-        for n in graph.node:
-            for name in n.input:
-                self.readers.setdefault(name, []).append(n)
+        self.producer = producers(graph)
+        self.readers = consumers(graph)
         self.outputs = {o.name for o in graph.output}
         self.count = 0
 
@@ -65,7 +57,7 @@ def _unsqueeze(g, name, new_nodes, axes):
 def _input_4d(g, name, new_nodes, axes):
     """``name`` with a unit axis 2: unsqueezed before its per-tensor DequantizeLinear where it has one."""
     dq = g.producer.get(name)
-    if dq is not None and dq.op_type == "DequantizeLinear" and _attr(dq, "axis", 1) == 1 and \
+    if dq is not None and dq.op_type == "DequantizeLinear" and attributes(dq).get("axis", 1) == 1 and \
             all(g.inits.get(p) is not None and len(g.inits[p].dims) == 0 for p in dq.input[1:]):
         codes = _unsqueeze(g, dq.input[0], new_nodes, axes)
         out = g.fresh(name)
@@ -87,7 +79,7 @@ def _weight_4d(g, name, new_inits, new_nodes):
         return reshaped.name
     out = g.fresh(name)
     new_nodes.append(helper.make_node("DequantizeLinear", [reshaped.name, *dq.input[1:]], [out],
-                                      axis=_attr(dq, "axis", 1)))
+                                      axis=attributes(dq).get("axis", 1)))
     return out
 
 
@@ -105,14 +97,15 @@ def conv1d_as_conv2d(model: onnx.ModelProto) -> onnx.ModelProto:
         x = _input_4d(g, conv.input[0], nodes, axes)
         w = _weight_4d(g, conv.input[1], new_inits, nodes)
         y2 = g.fresh(conv.output[0])
-        pads = list(_attr(conv, "pads", [0, 0]))
-        attrs = {"strides": [1, *_attr(conv, "strides", [1])], "dilations": [1, *_attr(conv, "dilations", [1])],
-                 "group": _attr(conv, "group", 1)}
-        if _attr(conv, "auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"):
+        given = attributes(conv)
+        pads = list(given.get("pads", [0, 0]))
+        attrs = {"strides": [1, *given.get("strides", [1])], "dilations": [1, *given.get("dilations", [1])],
+                 "group": given.get("group", 1)}
+        if given.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"):
             attrs["pads"] = [0, pads[0], 0, pads[1]]
         else:
-            attrs["auto_pad"] = _attr(conv, "auto_pad", b"NOTSET")
-        kernel = _attr(conv, "kernel_shape", None)
+            attrs["auto_pad"] = given["auto_pad"]
+        kernel = given.get("kernel_shape")
         if kernel is not None:
             attrs["kernel_shape"] = [1, *kernel]
         nodes.append(helper.make_node("Conv", [x, w, *conv.input[2:]], [y2], name=conv.name, **attrs))
@@ -121,7 +114,7 @@ def conv1d_as_conv2d(model: onnx.ModelProto) -> onnx.ModelProto:
         if q is not None and q.op_type == "QuantizeLinear" and conv.output[0] not in g.outputs and \
                 all(g.inits.get(p) is not None and len(g.inits[p].dims) == 0 for p in q.input[1:]):
             q4 = g.fresh(q.output[0])  # quantize first, then squeeze the codes
-            nodes += [helper.make_node("QuantizeLinear", [y2, *q.input[1:]], [q4], **{a.name: helper.get_attribute_value(a) for a in q.attribute}),
+            nodes += [helper.make_node("QuantizeLinear", [y2, *q.input[1:]], [q4], **attributes(q)),
                       helper.make_node("Squeeze", [q4, axes], [q.output[0]])]
             replaced[(q.op_type, q.output[0])] = []
         else:

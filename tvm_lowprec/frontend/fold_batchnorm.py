@@ -19,14 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .fold_shapes import prune_initializers
-
-
-def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            out.setdefault(name, []).append(node)
-    return out
+from .graph_index import consumers as graph_consumers, producers
 
 
 def _foldable(conv, bn, consts, consumers, outputs) -> bool:
@@ -43,9 +36,9 @@ def _foldable(conv, bn, consts, consumers, outputs) -> bool:
 def fold_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with every foldable ``Conv -> BatchNormalization`` pair made one ``Conv``."""
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    consumers = _consumers(model)
+    consumers = graph_consumers(model.graph)
     outputs = {o.name for o in model.graph.output}
-    producer = {o: n for n in model.graph.node for o in n.output}
+    producer = producers(model.graph)
     replaced, dropped, new_inits = {}, set(), []
     for bn in model.graph.node:
         conv = producer.get(bn.input[0]) if bn.op_type == "BatchNormalization" else None

@@ -20,6 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import UnsupportedOperatorError
+from .graph_index import attributes
 
 DOMAIN = "com.microsoft"
 
@@ -35,12 +36,8 @@ def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     return np.stack(parts, axis=-1).reshape(*packed.shape[:-1], -1)[..., :count]
 
 
-def _attrs(node) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _rewrite(node, consts: dict, index: int):
-    attrs = _attrs(node)
+    attrs = attributes(node)
     k, n = int(attrs["K"]), int(attrs["N"])
     bits, block = int(attrs.get("bits", 4)), int(attrs["block_size"])
     name = node.name or f"MatMulNBits_{index}"

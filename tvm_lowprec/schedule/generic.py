@@ -20,9 +20,9 @@ moved under an anchor's loop)::
 3. The anchor's spatial axes that a value it reads does not move with (the bins of a softmax over
    axis 1: its row sums do not depend on the bin) go inside, with the reductions; the other spatial
    axes are fused into the parallel loop (serial below :data:`MIN_PARALLEL` iterations of work),
-   the innermost one split into vectors of V first. An innermost extent that neither 16 nor 8
-   divides takes the widest vector of 8-32 lanes that divides it (2100 anchors: 20), else stays one
-   contiguous loop for LLVM's loop vectorizer.
+   the innermost one split into steps first (:func:`_lanes`: the whole axis up to 64 elements, else
+   the widest of 64, 32, 16 that divides it, else its widest divisor in 8..64, 2100 anchors in steps
+   of 60), else it stays one contiguous loop for LLVM's loop vectorizer.
 4. Every producer is computed at the parallel loop, its axis along the innermost axis of what it
    writes moved innermost and vectorized.
 
@@ -332,10 +332,9 @@ def _vectorize_written_axis(sch, block, outer) -> Schedule:
 def schedule_generic(func) -> Schedule | None:
     """The nest of the module docstring for ``func``; None where it has no blocks."""
     sch = Schedule(func)
-    root, blocks = root_children(sch)
+    _, blocks = root_children(sch)
     if not blocks:
         return None
-    intermediates = list(sch.get(root).alloc_buffers)
     sch, live = _inline(sch, blocks)
     pending, partial = [], set()  # the blocks in order, rfactor's partial results before their sums
     for block in live:
