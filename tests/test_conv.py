@@ -20,7 +20,12 @@ CONVS = {
     "1x1-no-bias-per-tensor": dict(x_shape=(1, 32, 5, 5), c_out=24, kernel=(1, 1), bias=False, per_channel=False),
     "1x1-stride2": dict(x_shape=(1, 16, 9, 9), c_out=8, kernel=(1, 1), strides=(2, 2)),
     "5x1-int8": dict(x_shape=(1, 2, 8, 8), c_out=3, kernel=(5, 1), pads=(2, 0, 2, 0), x_dtype="int8"),
+    # taps that read only padding are dropped (patterns.trim_dead_taps): DeepLab's ASPP on a small map
+    "atrous-centre-tap-only": dict(x_shape=(1, 16, 6, 6), c_out=16, kernel=(3, 3), dilations=(8, 8), pads=(8, 8, 8, 8)),
+    "atrous-partial-5x5": dict(x_shape=(1, 8, 4, 9), c_out=16, kernel=(5, 5), dilations=(3, 3), pads=(6, 6, 6, 6)),
 }
+# the GEMM depth after the dead taps are dropped: 1 and 3x5 taps of the channels
+TRIMMED_DEPTH = {"atrous-centre-tap-only": 16, "atrous-partial-5x5": 3 * 5 * 8}
 
 
 # depthwise convolutions (one filter per channel) have their own NHWC kernel, vectorized over channels
@@ -32,11 +37,17 @@ DEPTHWISE = {
                                    pads=(2, 2, 2, 2), group=8, x_dtype="int8", per_channel=False),
     "depthwise-odd-channels": dict(x_shape=(1, 5, 7, 7), c_out=5, kernel=(3, 3), group=5),
 }
-# other grouped convolutions take the exact int32 conv2d path (no tensorized kernel yet)
+# other grouped convolutions: one batched GEMM kernel, a group per batch, on the row's intrinsic
 GROUPED = {
     "grouped-2": dict(x_shape=(1, 6, 7, 7), c_out=4, kernel=(3, 3), strides=(2, 2), group=2),
+    "grouped-width8-regnet": dict(x_shape=(1, 48, 9, 9), c_out=48, kernel=(3, 3), pads=(1, 1, 1, 1), group=6),
+    "grouped-width16-dilated-int8": dict(x_shape=(2, 32, 10, 10), c_out=32, kernel=(3, 3), dilations=(2, 2),
+                                         pads=(2, 2, 2, 2), group=2, x_dtype="int8", per_channel=False),
+    "grouped-1x1-shufflenet": dict(x_shape=(1, 24, 6, 6), c_out=36, kernel=(1, 1), group=3),
+    "depthwise-multiplier-2": dict(x_shape=(1, 8, 9, 9), c_out=16, kernel=(3, 3), pads=(1, 1, 1, 1), group=8),
+    "grouped-width64": dict(x_shape=(1, 128, 5, 5), c_out=128, kernel=(3, 3), pads=(1, 1, 1, 1), group=2),
 }
-KERNEL = {**{n: "qconv2d" for n in CONVS}, **{n: "qdepthwise" for n in DEPTHWISE}, **{n: None for n in GROUPED}}
+KERNEL = {**{n: "qconv2d" for n in CONVS}, **{n: "qdepthwise" for n in DEPTHWISE}, **{n: "qgconv2d" for n in GROUPED}}
 
 
 @pytest.mark.parametrize("name", list(KERNEL))
@@ -47,10 +58,13 @@ def test_qlinear_conv_matches_onnx_reference_exactly(name, rng):
     model = qlinear_conv(**cfg)
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
     kernels = {k.name.split("_")[0] for k in compiled.kernels()}
-    assert {"qconv2d", "qdepthwise"} & kernels == ({KERNEL[name]} - {None})
+    assert {"qconv2d", "qdepthwise", "qgconv2d"} & kernels == {KERNEL[name]}
     pointwise = cfg["kernel"] == (1, 1) and cfg.get("strides", (1, 1)) == (1, 1)
+    pointwise |= TRIMMED_DEPTH.get(name) == cfg["x_shape"][1]  # one live tap: a 1x1 convolution
     windowed = any("lowprec.window" in compiled._lowered[k.name].attrs for k in compiled.kernels() if k.op == "qgemm")
-    assert ("im2col" in kernels) == (name in CONVS and not pointwise and not windowed)
+    # an im2col unless the GEMMs read the padded input in place (a grouped convolution's too, where each
+    # group's channels are whole instruction steps; a pointwise grouped one needs its groups gathered)
+    assert ("im2col" in kernels) == (not windowed and (name in GROUPED or not pointwise) and name not in DEPTHWISE)
     info = np.iinfo(cfg.get("x_dtype", "uint8"))
     x = rng.integers(info.min, info.max + 1, cfg["x_shape"]).astype(cfg.get("x_dtype", "uint8"))
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
@@ -260,3 +274,33 @@ def test_a_padding_copy_merged_into_an_integer_add_keeps_its_border_apart(channe
     lib["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb), out)
     want = np.pad(xa + xb, [(0, 0), (1, 1), (1, 1), (0, 0)], constant_values=7)
     np.testing.assert_array_equal(out.numpy(), want)
+
+
+def _row_intrinsics(spec) -> dict:
+    """Intrinsic name -> the intrinsic row it belongs to, over every recipe of a CPU row (its narrow one too)."""
+    recipes = [*spec.recipes(), *([spec.narrow] if spec.narrow is not None else [])]
+    return {name: recipe.intrin for recipe in recipes for operand in recipe.intrin.a_operands.values()
+            for name in (operand.intrin, operand.intrin_wide_b) if name}
+
+
+@pytest.mark.parametrize("row", sorted(tvm_lowprec.targets.registered_targets("cpu")))
+@pytest.mark.parametrize("name", ["grouped-width8-regnet", "grouped-width64"])
+def test_grouped_conv_runs_on_the_rows_intrinsic(row, name):
+    """Code generation for every CPU row (no need to run it here): a grouped convolution is one
+    batched GEMM on one of the row's recipes, whose instruction the assembly holds."""
+    model = qlinear_conv(**GROUPED[name])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target=row)
+    grouped = [k for k in compiled.kernels() if k.name.startswith("qgconv2d")]
+    assert len(grouped) == 1 and grouped[0].op == "qgemm"
+    intrinsics = _row_intrinsics(compiled.spec)
+    assert grouped[0].intrinsic in intrinsics, (grouped[0].intrinsic, sorted(intrinsics))
+    mnemonic = intrinsics[grouped[0].intrinsic].name.split("_")[0]
+    assert mnemonic in compiled.inspect_source("asm")
+
+
+@pytest.mark.parametrize("name", sorted(TRIMMED_DEPTH))
+def test_dead_taps_leave_the_gemm(name):
+    """Exactness is the reference test above; here, the GEMM's depth is the live taps' alone."""
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qlinear_conv(**CONVS[name])), target="native")
+    (gemm,) = [k for k in compiled.kernels() if k.op == "qgemm"]
+    assert gemm.shape[2] == TRIMMED_DEPTH[name]

@@ -107,7 +107,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
         return tvm.transform.Sequential(
             [
                 relax.transform.DeadCodeElimination(),
-                relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE),  # quantize: NaN -> zero point
+                relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE),  # quantize: NaN -> the lowest code, as ORT
                 relax.transform.AnnotateTIROpPattern(),
                 fold_constants_module_pass(),  # not relax's FoldConstant: see quant/fold_constants.py
                 relax.transform.FuseOps(),

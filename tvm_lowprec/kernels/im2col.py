@@ -9,6 +9,9 @@ gather that follows has no bounds test per element; written 6-D, no index needs 
 otherwise need padding to whole instruction steps (a 3-channel stem, K = 27 padded to 28 by a copy of
 every row of A inside the GEMM: 4 channels make K = 36, whole steps, and the copy goes); the extra
 channels hold the zero point, and the weights' rows for them the weights' zero point, so they add 0.
+
+A grouped convolution (``geometry.grouped``) gets one im2col per group, ``cols[g, b, oh, ow, kh, kw,
+c]`` over the group's ``channels / groups`` channels: the A operands of a batch of GEMMs, one per group.
 """
 
 from __future__ import annotations
@@ -51,7 +54,12 @@ def build_im2col(geometry, dtype: str, pad_value: int, name: str = "im2col", cha
     def element(b, oh, ow, kh, kw, c):
         return source[b, oh * sh + kh * dh, ow * sw + kw * dw, c]
 
-    cols = te.compute((g.batch, oh_n, ow_n, kh_n, kw_n, c_out), element, name="im2col")
+    if g.grouped:
+        cg = g.group_channels
+        cols = te.compute((g.groups, g.batch, oh_n, ow_n, kh_n, kw_n, cg),
+                          lambda gi, b, oh, ow, kh, kw, c: element(b, oh, ow, kh, kw, gi * cg + c), name="im2col")
+    else:
+        cols = te.compute((g.batch, oh_n, ow_n, kh_n, kw_n, c_out), element, name="im2col")
     func = te.create_prim_func([x, cols])
     return func.with_attr("global_symbol", name).with_attrs({"lowprec.op": "im2col", "op_pattern": 8,
-                                                             "lowprec.dilation_w": dw})
+                                                             "lowprec.dilation_w": dw, "lowprec.groups": g.groups})

@@ -73,7 +73,8 @@ class ConvWindow:
     padding, the zero point, written by the copy before the GEMM), so no ``[M, K]`` im2col buffer is
     written and read back. Where ``channels`` is a multiple of the instruction's K step, each step
     reads ``kstep`` contiguous channels of one tap: the same operand as a row of the im2col, at an
-    address affine in the row within an output row."""
+    address affine in the row within an output row. A grouped convolution's GEMMs (``groups`` > 1,
+    one per group) read the same window, group ``g`` its ``channels`` from channel ``g * channels``."""
 
     batch: int
     padded_hw: tuple[int, int]
@@ -81,11 +82,12 @@ class ConvWindow:
     kernel: tuple[int, int]
     strides: tuple[int, int]
     dilation: tuple[int, int]
-    channels: int
+    channels: int  # per tap of one GEMM's depth: one group's channels
+    groups: int = 1
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, *self.padded_hw, self.channels)
+        return (self.batch, *self.padded_hw, self.channels * self.groups)
 
     @property
     def rows(self) -> int:
@@ -95,15 +97,18 @@ class ConvWindow:
     def depth(self) -> int:
         return self.kernel[0] * self.kernel[1] * self.channels
 
-    def a_index(self, m, k) -> tuple:
-        """Where ``A[m, k]`` lies in ``X``."""
+    def a_index(self, m, k, group=0) -> tuple:
+        """Where ``A[m, k]`` (of the GEMM of ``group``) lies in ``X``."""
         (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = self.out_hw, self.kernel, self.strides, self.dilation
         pixel, tap, c = m % (oh_n * ow_n), k // self.channels, k % self.channels
-        return (m // (oh_n * ow_n), pixel // ow_n * sh + tap // kw_n * dh, pixel % ow_n * sw + tap % kw_n * dw, c)
+        return (m // (oh_n * ow_n), pixel // ow_n * sh + tap // kw_n * dh, pixel % ow_n * sw + tap % kw_n * dw,
+                c + group * self.channels if self.groups > 1 else c)
 
     def attr(self) -> list[int]:
-        """``lowprec.window``: padded H, W, channels, kernel, strides, dilation, output H, W."""
-        return [*self.padded_hw, self.channels, *self.kernel, *self.strides, *self.dilation, *self.out_hw]
+        """``lowprec.window``: padded H, W, channels, kernel, strides, dilation, output H, W (and the groups
+        of a grouped convolution: one GEMM's records key stays as it was)."""
+        groups = [self.groups] if self.groups > 1 else []
+        return [*self.padded_hw, self.channels, *self.kernel, *self.strides, *self.dilation, *self.out_hw, *groups]
 
 
 @dataclass(frozen=True)
@@ -124,14 +129,20 @@ class QGemmProblem:
     requant_f32: bool = False
     # A read through a convolution's window of its padded NHWC input (no im2col buffer), or None: A is [M, K]
     window: ConvWindow | None = None
+    # the batch is a grouped convolution's groups: constant weights, every per-column parameter per group
+    # ([batch, N]), and the output ``[M, batch, N]`` (group-major channels, as NHWC has them)
+    grouped: bool = False
 
     def __post_init__(self):
         if min(self.m, self.n, self.k) < 1 or self.batch < 0:
             raise ValueError(f"GEMM shape must be positive, got M={self.m} N={self.n} K={self.k}")
         w = self.window
-        if w is not None and ((self.m, self.k) != (w.rows, w.depth) or self.batch or self.row_term):
-            raise ValueError(f"a GEMM through a convolution window needs M={w.rows} K={w.depth}, no batch and "
-                             f"no row term; got M={self.m} K={self.k}")
+        if w is not None and ((self.m, self.k) != (w.rows, w.depth) or self.row_term
+                              or (self.batch if not self.grouped else self.batch != w.groups)):
+            raise ValueError(f"a GEMM through a convolution window needs M={w.rows} K={w.depth}, no batch but its "
+                             f"groups and no row term; got M={self.m} K={self.k} batch={self.batch}")
+        if self.grouped and (not self.batch or self.row_term or self.runtime_a_zero_point):
+            raise ValueError("a grouped GEMM needs a batch of groups, and no row term or runtime zero point")
         if self.a_dtype not in ("uint8", "int8"):
             raise ValueError(f"activations must be uint8 or int8, not {self.a_dtype}")
         if self.k * 255 * 128 >= 2**31:
@@ -429,11 +440,12 @@ def build_qgemm(problem: QGemmProblem, layout: GemmLayout, name: str = "qgemm"):
 
     Arguments: A, [a_zero_point int32[1] when runtime], packed B, epilogue params (see
     :func:`epilogue_params`), out. With ``problem.batch``, A, packed B, ``corr`` and out gain a
-    leading batch axis (``corr`` then comes from :func:`build_pack_b` at run time).
+    leading batch axis (``corr`` then comes from :func:`build_pack_b` at run time); with
+    ``problem.grouped`` every epilogue parameter has it too, and out is ``[M, batch, N]``.
     """
     p, lay = problem, layout
     lead = (p.batch,) if p.batch else ()
-    A = te.placeholder(lead + ((p.m, p.k) if p.window is None else p.window.shape), p.a_dtype, name="A")
+    A = te.placeholder(lead + (p.m, p.k) if p.window is None else p.window.shape, p.a_dtype, name="A")
     a_zp = te.placeholder((1,), "int32", name="a_zero_point") if p.runtime_a_zero_point else None
     Bp = te.placeholder(lead + lay.packed_shape, lay.b_storage, name="B_packed")
     corr = te.placeholder(lead + (lay.np_,), "int32", name="corr")
@@ -481,7 +493,7 @@ def _gemm(p: QGemmProblem, lay: GemmLayout, A, Bp, nb: int):
     def read_a(b, m, kk):  # through the window: rows past M (the last tile's) read row M - 1
         if p.window is None:
             return a_src[(*b, m, kk)]
-        return A[p.window.a_index(m if lay.mp == p.m else tirx.min(m, p.m - 1), kk)]
+        return A[p.window.a_index(m if lay.mp == p.m else tirx.min(m, p.m - 1), kk, *b)]
 
     k = te.reduce_axis((0, lay.kp), name="k")
     L, R = lay.lanes, lay.rows
@@ -491,7 +503,7 @@ def _gemm(p: QGemmProblem, lay: GemmLayout, A, Bp, nb: int):
         a = a + lay.a_offset if lay.a_offset else a
         return te.sum(a * Bp[(*b, *lay.b_index(n, k))].astype("int32"), axis=k)
 
-    lead = tuple(A.shape[:nb])
+    lead = (p.batch,) if nb else ()
     if R == 1:
         return te.compute(lead + (lay.mp, lay.np_), lambda *i: product(i[:nb], *i[nb:]), name="gemm")
     # a matrix instruction writes a rows x lanes block: the accumulator is stored blocked, so each
@@ -510,26 +522,40 @@ def _row_sum(p: QGemmProblem, A, np_: int, nb: int):
 def _epilogue(p: QGemmProblem, lay: GemmLayout, total, nb: int):
     """(parameter placeholders, output tensor) for the problem's epilogue kind."""
     ep = p.epilogue
-    shape = ((p.batch,) if nb else ()) + (p.m, p.n)
+    lead = (p.batch,) if p.grouped else ()
 
     def per_column(*names_dtypes):
-        return [te.placeholder((lay.np_,), dtype, name=n) for n, dtype in names_dtypes]
+        return [_Indexed(te.placeholder(lead + (lay.np_,), dtype, name=n), p.grouped) for n, dtype in names_dtypes]
 
     def out(fn):
+        if p.grouped:  # [M, group, N]: the NHWC channels of a grouped convolution, group-major
+            return te.compute((p.m, p.batch, p.n), lambda m, g, n: fn((g,), m, n), name="epilogue")
+        shape = ((p.batch,) if nb else ()) + (p.m, p.n)
         return te.compute(shape, lambda *i: fn(i[:nb], i[nb], i[nb + 1]), name="epilogue")
 
     if ep.kind == "int32":
         return [], out(total)
     if ep.kind == "float":
         scale, fbias = per_column(("scale", "float32"), ("fbias", "float32"))
-        return [scale, fbias], out(lambda b, m, n: total(b, m, n).astype("float32") * scale[n] + fbias[n])
+        return [scale.t, fbias.t], out(lambda b, m, n: total(b, m, n).astype("float32") * scale(b, n) + fbias(b, n))
     if ep.mode == "fixed_point":
         mult, shift = per_column(("mult", "int32"), ("shift", "int32"))
-        return [mult, shift], out(lambda b, m, n: _requant_fixed(total(b, m, n), mult[n], shift[n], ep))
+        return [mult.t, shift.t], out(lambda b, m, n: _requant_fixed(total(b, m, n), mult(b, n), shift(b, n), ep))
     (mult,) = per_column(("mult", "float32"))
     if p.requant_f32:
-        return [mult], out(lambda b, m, n: requant_f32(total(b, m, n), ep, mult[n]))
-    return [mult], out(lambda b, m, n: _requant_float(total(b, m, n), mult[n], ep))
+        return [mult.t], out(lambda b, m, n: requant_f32(total(b, m, n), ep, mult(b, n)))
+    return [mult.t], out(lambda b, m, n: _requant_float(total(b, m, n), mult(b, n), ep))
+
+
+@dataclass(frozen=True)
+class _Indexed:
+    """A per-column parameter, read at column ``n`` of batch ``b`` where it is per group."""
+
+    t: te.Tensor
+    per_batch: bool
+
+    def __call__(self, b, n):
+        return self.t[(*b, n)] if self.per_batch else self.t[n]
 
 
 def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
@@ -546,6 +572,7 @@ def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
         "lowprec.epilogue": problem.epilogue.kind,
         "lowprec.requant": "float32" if problem.requant_f32 else problem.epilogue.mode,
         "lowprec.batch": problem.batch,
+        **({"lowprec.grouped": 1} if problem.grouped else {}),
         "lowprec.block": list(layout.block),
         **({"lowprec.window": problem.window.attr()} if problem.window is not None else {}),
     }

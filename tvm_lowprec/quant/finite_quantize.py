@@ -1,6 +1,6 @@
 """Pass: a quantize whose input cannot be NaN skips the NaN test.
 
-:mod:`~tvm_lowprec.quant.legalize` sends NaN to the zero point, as ONNX Runtime does, with a test on
+:mod:`~tvm_lowprec.quant.legalize` sends NaN to the lowest code, as ONNX Runtime does, with a test on
 the input. The test names the input twice, and when TVM inlines a chain of quantize/dequantize pairs
 into one kernel each pair doubles the inlined expression: the anchor arithmetic of a YOLO-style
 detector's head (split, subtract, add, divide, concatenate, multiply, each between Q/DQ pairs) became

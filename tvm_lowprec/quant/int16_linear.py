@@ -68,7 +68,7 @@ def match_int16_linear(call, lookup, mode: str) -> Int16LinearMatch | None:
     if x is None:
         return None
     w, geometry = q._const_weight(core, lookup)
-    if w is None or (geometry is not None and geometry.depthwise):
+    if w is None or (geometry is not None and geometry.groups > 1):
         return None  # runtime or blocked weights, grouped or depthwise convolutions: the float path
     (data, xp), n = x, w.values.shape[1]
     acc_scale = np.broadcast_to(np.float32(xp.scale) * w.scale.astype(np.float32), (n,)).astype(np.float32)

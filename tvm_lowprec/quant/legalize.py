@@ -1,12 +1,16 @@
 """How ``relax.quantize`` to an integer type is lowered: TVM's formula, ``clip(round(x / s) + z)``, with
-NaN sent to the zero point.
+NaN sent to the type's lowest code, as ONNX Runtime's QuantizeLinear sends it.
 
 NaN has no quantized value, and the formula alone lets LLVM's ``minnum``/``maxnum`` pick a clamp bound
 (a NaN became 255). Exported transformers make NaN on purpose: the attention mask ``(1 - mask) *
 finfo.min``, quantized by ONNX Runtime, dequantizes ``finfo.min`` to ``-inf`` and multiplies it by 0
-where the mask is 1; ONNX Runtime's QuantizeLinear then gives 0 there (the zero point of that tensor)
-and the masked add leaves the scores alone. Mapping NaN to the zero point, i.e. to real zero, gives the
-same result. ``+inf``/``-inf`` clamp to the ends of the range, as before.
+where the mask is 1; ONNX Runtime's QuantizeLinear then gives the lowest code there (0 for uint8, -128
+for int8, whatever the zero point: MLAS's clamp; measured on ORT 1.32 for several zero points and
+lengths), which in the mask graph is its zero point 0, and the masked add leaves the scores alone. The
+same code here: a Div of 0 by 0 in EfficientViT's linear attention (a denominator quantized to 0, its
+numerator at the zero point) is NaN before a uint8 quantize of zero point 119, which ONNX Runtime
+writes as 0, and so must we (sending it to the zero point put 48 values 119 steps off and the model's
+output 9 steps off). ``+inf``/``-inf`` clamp to the ends of the range, as before.
 
 Used as ``LegalizeOps(customize_legalize_map=LEGALIZE)`` by :mod:`tvm_lowprec.pipeline`; quantization
 to a float type (FP8) keeps TVM's own legalization.
@@ -67,14 +71,12 @@ def legalize_quantize(bb, call, nan_test: bool = True):
             if isinstance(scale, tirx.FloatImm) and isinstance(zero_point, tirx.IntImm):
                 q = quantize_linear(x, scale.value, int(zero_point.value), int(lo.value), int(hi.value), out_dtype,
                                     round_to_int)
-                z = tirx.const(int(zero_point.value), out_dtype)
             else:  # per-channel (or tensor) parameters: TVM's formula
                 s = _parameter(scale, indices, axis if axis >= 0 else axis + len(indices))
                 z = _parameter(zero_point, indices, axis if axis >= 0 else axis + len(indices)).astype("float32")
                 q = tirx.max(tirx.min(tirx.round(x / s) + z, hi.astype("float32")), lo.astype("float32"))
                 q = q.astype(out_dtype)
-                z = z.astype(out_dtype)
-            return tirx.Select(_is_nan(x), z, q) if nan_test else q
+            return tirx.Select(_is_nan(x), tirx.const(int(lo.value), out_dtype), q) if nan_test else q
 
         return te.compute(data.shape, element, name="quantized")
 

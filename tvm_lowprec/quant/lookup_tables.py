@@ -258,7 +258,7 @@ def evaluate_tables(chains, params) -> list[np.ndarray]:
             outs = [bb.emit(chain.body) for chain in chains]
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
-    # our quantize (NaN -> the zero point, quant/legalize.py), as the kernels the table replaces have
+    # our quantize (NaN -> the lowest code, quant/legalize.py), as the kernels the table replaces have
     tables = relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE)(bb.get())
     exe = tvm.compile(tables, target=tvm.target.Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(exe, tvm.cpu())

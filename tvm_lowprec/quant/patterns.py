@@ -6,7 +6,7 @@ or ``None``. The rewrite passes combine them; nothing here edits IR.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tvm
@@ -182,9 +182,12 @@ def conv_weight_matrix(w: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ConvGeometry:
-    """A 2-D NCHW/OIHW convolution with one group, as the im2col GEMM sees it (the GEMM itself runs
-    on NHWC activations: rows ``(b, oh, ow)``, depth ``(kh, kw, c)``), or a depthwise one (one filter
-    per channel, ``groups == channels == output channels``)."""
+    """A 2-D NCHW/OIHW convolution as the im2col GEMM sees it (the GEMM itself runs on NHWC
+    activations: rows ``(b, oh, ow)``, depth ``(kh, kw, c)`` over one group's channels): one group, a
+    depthwise one (one filter per channel, ``groups == channels == output channels``), or a grouped one
+    (``groups`` GEMMs side by side, each over ``channels / groups`` input channels and writing
+    ``out_channels / groups`` outputs: RegNet, ResNeXt, a depthwise convolution with a channel
+    multiplier)."""
 
     batch: int
     channels: int
@@ -195,10 +198,20 @@ class ConvGeometry:
     padding: tuple[int, int, int, int]  # top, left, bottom, right
     dilation: tuple[int, int]
     groups: int = 1
+    out_channels: int = 0  # 0: not recorded (one group, or depthwise: the input's channels)
 
     @property
     def depthwise(self) -> bool:
-        return self.groups > 1
+        return self.groups > 1 and self.groups == self.channels and self.out_channels in (0, self.channels)
+
+    @property
+    def grouped(self) -> bool:
+        """More than one group and not depthwise: a batch of GEMMs, one per group."""
+        return self.groups > 1 and not self.depthwise
+
+    @property
+    def group_channels(self) -> int:
+        return self.channels // self.groups
 
     @property
     def rows(self) -> int:
@@ -206,7 +219,8 @@ class ConvGeometry:
 
     @property
     def depth(self) -> int:
-        return self.channels * self.kernel[0] * self.kernel[1]
+        """One group's GEMM depth: ``kh * kw * channels / groups``."""
+        return self.group_channels * self.kernel[0] * self.kernel[1]
 
     @property
     def is_pointwise(self) -> bool:
@@ -214,7 +228,41 @@ class ConvGeometry:
         return self.kernel == (1, 1) and self.strides == (1, 1) and not any(self.padding)
 
 
-def conv_geometry(conv) -> ConvGeometry | None:
+def _live_taps(out_n: int, in_n: int, kernel: int, stride: int, dilation: int, pad: int) -> tuple[int, int]:
+    """``(first, last)`` kernel taps along one axis that read at least one input element for some
+    output (the others read only padding); ``(0, -1)`` where none does."""
+    live = [t for t in range(kernel) if any(0 <= o * stride + t * dilation - pad < in_n for o in range(out_n))]
+    return (live[0], live[-1]) if live else (0, -1)
+
+
+def trim_dead_taps(g: ConvGeometry, weight: ConstWeight) -> tuple[ConvGeometry, ConstWeight]:
+    """Drop the kernel taps that read only padding for every output (an atrous convolution whose
+    dilation passes the feature map: DeepLab's ASPP rates 12/24/36 on a 10x10 map leave the centre
+    tap alone, K 8640 -> 960): each such tap reads the zero point, so ``(a - za) * (w - zw)`` is 0 and
+    the result is the same integers. Returns the smaller convolution (its padding shifted by the
+    dropped taps) and its weight rows; the inputs as they are where every tap is live or the live taps
+    are not a sub-window of whole rows and columns of taps."""
+    top, left, bottom, right = g.padding
+    (kh0, kh1), (kw0, kw1) = (_live_taps(g.out_hw[i], g.in_hw[i], g.kernel[i], g.strides[i], g.dilation[i], pad)
+                              for i, pad in ((0, top), (1, left)))
+    kh, kw = kh1 - kh0 + 1, kw1 - kw0 + 1
+    if (kh, kw) == tuple(g.kernel) or kh < 1 or kw < 1:
+        return g, weight
+    new_top, new_left = top - kh0 * g.dilation[0], left - kw0 * g.dilation[1]
+    if new_top < 0 or new_left < 0:
+        return g, weight
+
+    def far_pad(i, near, k):  # enough padding after the input for the last output's last live tap
+        return max(0, (g.out_hw[i] - 1) * g.strides[i] + (k - 1) * g.dilation[i] + 1 - g.in_hw[i] - near)
+
+    trimmed = replace(g, kernel=(kh, kw), padding=(new_top, new_left, far_pad(0, new_top, kh), far_pad(1, new_left, kw)))
+    rows = weight.values.reshape(*g.kernel, g.group_channels, -1)[kh0:kh1 + 1, kw0:kw1 + 1]
+    return trimmed, replace(weight, values=np.ascontiguousarray(rows.reshape(trimmed.depth, -1)))
+
+
+def conv_geometry(conv, grouped: bool = False) -> ConvGeometry | None:
+    """The geometry of a static NCHW/OIHW ``relax.nn.conv2d``: one group or depthwise, and with
+    ``grouped`` any group count (the callers that build a grouped kernel ask for it); else None."""
     attrs = conv.attrs
     if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW":
         return None
@@ -222,8 +270,9 @@ def conv_geometry(conv) -> ConvGeometry | None:
     if x_shape is None or w_shape is None or y_shape is None or len(x_shape) != 4:
         return None
     groups = int(attrs.groups)
-    if groups != 1 and not (groups == x_shape[1] == w_shape[0] and w_shape[1] == 1):
-        return None  # grouped, or depthwise with a channel multiplier: the generic path
+    depthwise = groups == x_shape[1] == w_shape[0] and w_shape[1] == 1
+    if groups != 1 and not depthwise and not (grouped and x_shape[1] % groups == 0 and w_shape[0] % groups == 0):
+        return None  # grouped, or depthwise with a channel multiplier, where the caller has no grouped kernel
     return ConvGeometry(
         batch=x_shape[0],
         channels=x_shape[1],
@@ -234,6 +283,7 @@ def conv_geometry(conv) -> ConvGeometry | None:
         padding=_padding(attrs),
         dilation=tuple(int(d) for d in attrs.dilation),
         groups=groups,
+        out_channels=w_shape[0],
     )
 
 

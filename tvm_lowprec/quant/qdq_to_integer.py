@@ -42,6 +42,7 @@ from .patterns import (
     dtype_of,
     qparams,
     static_shape,
+    trim_dead_taps,
 )
 from .requant import qrange
 from .zero_points import CorrectionOverflow, gemm_corrections, signed_weights, zero_point_coefficient
@@ -147,7 +148,7 @@ def _const_weight(core, lookup):
     """(GEMM weights, conv geometry or None) of a matmul or conv2d whose weight is a dequantized constant."""
     if core.op.same_as(tvm.ir.Op.get("relax.matmul")):
         return dequantized_weight(core.args[1], lookup), None
-    geometry = conv_geometry(core)
+    geometry = conv_geometry(core, grouped=True)
     if geometry is None:
         return None, None
     return dequantized_conv_weight(core.args[1], lookup), geometry
@@ -444,11 +445,12 @@ def _with_tap_channels(weight: ConstWeight, geometry: ConvGeometry, channels: in
     return replace(weight, values=np.ascontiguousarray(padded))
 
 
-def conv_window(g: ConvGeometry, channels: int | None = None) -> ConvWindow:
-    """The window of a convolution's padded NHWC input (``channels`` per tap: see :func:`_tap_channels`)."""
+def conv_window(g: ConvGeometry, channels: int | None = None, groups: int = 1) -> ConvWindow:
+    """The window of a convolution's padded NHWC input (``channels`` per tap: see :func:`_tap_channels`;
+    a grouped convolution's: one group's channels, and its ``groups``)."""
     top, left, bottom, right = g.padding
     return ConvWindow(g.batch, (g.in_hw[0] + top + bottom, g.in_hw[1] + left + right), tuple(g.out_hw), tuple(g.kernel),
-                      tuple(g.strides), tuple(g.dilation), g.channels if channels is None else channels)
+                      tuple(g.strides), tuple(g.dilation), g.channels if channels is None else channels, groups)
 
 
 def _reads_window(match: QGemmMatch, layout, channels: int | None, row_term: bool) -> bool:
@@ -537,6 +539,9 @@ def _correction_overflow(match: QGemmMatch) -> CorrectionOverflow | None:
 
 
 def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
+    if match.conv is not None and not match.conv.depthwise:
+        conv, weight = trim_dead_taps(match.conv, match.weight)
+        match = replace(match, conv=conv, weight=weight)
     overflow = _correction_overflow(match)
     if overflow is not None:
         # exact either way: the layer keeps the QDQ graph's own float arithmetic (dequantize, float
@@ -547,6 +552,8 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
         return None
     if match.conv is not None and match.conv.depthwise:
         return emit_depthwise(builder, match, spec)
+    if match.conv is not None and match.conv.grouped:
+        return emit_grouped(builder, match, spec)
     k, n = match.weight.values.shape
     row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
     runtime_za = match.x_zero_point_expr is not None
@@ -590,6 +597,55 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
     if perm is not None:
         y = builder.emit(relax.op.permute_dims(y, perm))
     return y
+
+
+def emit_grouped(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
+    """A grouped convolution as one batched GEMM kernel, a group per batch: each group's weights packed
+    for the row's intrinsic, its corrections and multipliers per group, the output written ``[M,
+    groups, N/groups]`` (the NHWC channels in order). The GEMMs read the padded NHWC input in place
+    (:class:`~tvm_lowprec.kernels.qgemm.ConvWindow`, group ``g`` from channel ``g * C/groups``) where
+    a group's channels are whole instruction steps, else an im2col of each group's channels
+    ``[groups, M, kh * kw * C/groups]``. Declined (the generic int32 path) with a weight zero point that
+    needs the row term or a runtime activation zero point."""
+    g = match.conv
+    row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
+    if row_term or match.x_zero_point_expr is not None or static_shape(match.x) != (g.batch, g.channels, *g.in_hw):
+        return None
+    k, n = match.weight.values.shape
+    groups, ng = g.groups, n // g.groups
+    if k != g.depth or n != g.out_channels:
+        return None
+    a_dtype = dtype_of(match.x)
+    problem = QGemmProblem(g.rows, ng, k, a_dtype, match.epilogue, batch=groups, grouped=True,
+                           requant_f32=spec.float32_requant and _float32_exact(match))
+    b_signed = signed_weights(match.weight.values)[0]
+    layout = GemmLayout.choose(problem, spec, b_signed)
+    window = conv_window(g, g.group_channels, groups)
+    if (layout.b_order == "panels" and layout.rows == 1 and g.group_channels % layout.kstep == 0
+            and layout.a_storage == a_dtype and layout.kp == k):
+        problem = replace(problem, window=window)
+        layout = GemmLayout.choose(problem, spec, b_signed)
+        cols = _im2col(builder, match.x, g, match.x_zero_point, g.channels, window=True)
+    else:
+        x = builder.emit(relax.op.permute_dims(match.x, NCHW_TO_NHWC))
+        cols_name = f"im2col_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}_g{groups}"
+        cols_gvar = builder.add_func(build_im2col(g, a_dtype, match.x_zero_point, cols_name), cols_name)
+        cols_shape = (groups, g.batch, *g.out_hw, *g.kernel, g.group_channels)
+        cols = builder.emit(relax.call_tir(cols_gvar, [x], relax.TensorType(cols_shape, a_dtype)))
+        cols = builder.emit(relax.op.reshape(cols, (groups, g.rows, k)))
+    corr = gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, layout.a_offset,
+                            match.bias_int)
+    columns = [slice(i * ng, (i + 1) * ng) for i in range(groups)]
+    packed = np.stack([pack_weights(corr.b_signed[:, c], layout) for c in columns])
+    mult = None if match.mult is None else np.broadcast_to(np.asarray(match.mult, np.float32), (n,))
+    per_group = [epilogue_params(problem, layout, corr.corr[c], None, None if mult is None else mult[c]) for c in columns]
+    params = [np.stack(column) for column in zip(*per_group)]
+    name = f"qgconv2d_{a_dtype[0]}8_{groups}x{g.rows}x{ng}x{k}_{problem.epilogue.kind}"
+    gvar = builder.add_func(build_qgemm(problem, layout, name).with_attr("op_pattern", 8), name)
+    args = [cols, relax.const(packed)] + [relax.const(p) for p in params]
+    y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((g.rows, groups, ng), problem.epilogue.out_dtype)))
+    y = builder.emit(relax.op.reshape(y, (g.batch, *g.out_hw, n)))
+    return builder.emit(relax.op.permute_dims(y, NHWC_TO_NCHW))
 
 
 def _as_scalar(builder, expr, dtype):

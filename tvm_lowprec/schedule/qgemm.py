@@ -189,7 +189,10 @@ def _window_tiles(sch, block, mr: int, out_w: int):
     division by the width happens once per output row ``q`` (the parallel loop of a narrow GEMM).
     Split plainly, ``m = (run * R + tile) * mr + r`` kept ``m // OW``, ``m % OW`` per row, which TVM's
     simplifier does not split and LLVM then divided for every row (the 4-channel stem: 98 us, 75 so)."""
-    sch.transform_block_layout(block, lambda m, n, k: (m // out_w, m % out_w, n, k))
+    if len(sch.get_loops(block)) == 4:  # a grouped convolution's GEMMs: the group first
+        sch.transform_block_layout(block, lambda g, m, n, k: (g, m // out_w, m % out_w, n, k))
+    else:
+        sch.transform_block_layout(block, lambda m, n, k: (m // out_w, m % out_w, n, k))
     q, ow = sch.get_loops(sch.get_sblock("gemm"))[-4:-2]
     ow_tile, r = sch.split(ow, [None, mr])
     return q, ow_tile, r
@@ -310,11 +313,19 @@ class Im2colRule:
                     sch.annotate(loop, "pragma_loop_partition_hint", 1)
             if channels % lanes == 0 or channels in (lanes // 2, lanes // 4):
                 _vectorize_inner(sch, block, lanes)
+            elif not padding and _grouped(func):  # one group's channels a tap: one short vector copy
+                if channels in (4, 8, 16):  # of 32 to 128 bits; the (kw, c) run is not contiguous here
+                    sch.vectorize(loops[-1])
             elif padding:  # a few channels (the 3-channel stem): one copy per pixel, unrolled
                 sch.unroll(loops[-1])
             elif _taps_contiguous(func):  # a tap row's (kw, c) run is one vector copy
                 sch.vectorize(sch.fuse(loops[-2], loops[-1]))
         return sch
+
+
+def _grouped(func) -> bool:
+    """Whether an im2col gathers a grouped convolution's groups (each tap's run is one group's channels)."""
+    return int(func.attrs.get("lowprec.groups", 1)) > 1
 
 
 def _taps_contiguous(func) -> bool:
