@@ -41,6 +41,7 @@ from tvm_lowprec.bench.hostinfo import collect_metadata, cpu_info, llvm_host_cpu
 from tvm_lowprec.bench.quiesce import thread_policy  # noqa: E402
 from tvm_lowprec.bench.report import _bar_panels, json_safe, write_csv  # noqa: E402
 from zoo.common import log  # noqa: E402
+from zoo import runner  # noqa: E402
 from zoo.runner import RunConfig, run_isolated  # noqa: E402
 
 RUNTIMES = {"tvm-lowprec": "tvm-lowprec INT8", "ort-int8": "ORT INT8", "ort-fp32": "ORT FP32"}
@@ -95,8 +96,9 @@ def csv_fields(threads: list[int]) -> list[str]:
 
 
 def _top(result: dict) -> list[dict]:
+    """The slowest kernels of a result's profile (without the kernels listed for their copy cost alone)."""
     top = result.get("profile_top")
-    return top if isinstance(top, list) else []
+    return [k for k in top if not k.get("over_copy")] if isinstance(top, list) else []
 
 
 def _num(value, fmt: str) -> str:
@@ -151,6 +153,16 @@ def kernel_lines(results: list[dict]) -> list[str]:
     return lines
 
 
+def slow_lines(results: list[dict]) -> list[str]:
+    lines = ["| model | kernel | ms | share | % of copy bandwidth |", "|---|---|---:|---:|---:|"]
+    for r in results:
+        for k in r.get("profile_top") if isinstance(r.get("profile_top"), list) else []:
+            if runner.over_copy_cost(k):
+                lines.append(f"| `{r['model']}` | `{k['name'][:60]}` | {k['ms']:.3g} | {k['share'] * 100:.1f}% | "
+                             f"{k['pct_copy']:.1f}% |")
+    return lines
+
+
 def failure_lines(results: list[dict]) -> list[str]:
     lines = []
     for r in results:
@@ -195,6 +207,14 @@ def render(results: list[dict], meta: dict, threads: list[int], plot: bool) -> s
     if len(kernels) > 2:
         lines += ["## Slowest tvm-lowprec kernels (1 thread, each timed alone: `Compiled.profile(isolated=True)`)",
                   "", *kernels, ""]
+    slow = slow_lines(results)
+    if len(slow) > 2:
+        lines += [f"## Kernels over {runner.COPY_COST_LIMIT:g}x their bytes' cost at copy bandwidth (not GEMMs, "
+                  f"at least {runner.SLOW_MIN_MS * 1e3:g} us; 1 thread, each timed alone)", "", *slow, ""]
+    unscheduled = [f"- `{r['model']}`: {', '.join(f'`{n}`' for n in r['unscheduled'])}" for r in results
+                   if r.get("unscheduled")]
+    if unscheduled:
+        lines += ["## Kernels left unscheduled (`lowprec.schedule` none: serial, scalar loops)", "", *unscheduled, ""]
     failures = failure_lines(results)
     if failures:
         lines += ["## Failures", "", *failures, ""]

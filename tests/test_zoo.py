@@ -67,6 +67,7 @@ def test_zoo_model_matches_onnxruntime(name, size, packages, tmp_path):
     assert result["stage"] == "done"
     assert result["compile_s"] > 0
     assert result["cosine"] >= 0.999, json.dumps(result, indent=1)[:2000]
+    assert result["unscheduled"] == []  # every kernel has a real schedule (no serial, scalar loops)
     manifest = json.loads(Path(result["int8"]).with_suffix("").with_suffix(".json").read_text())
     assert manifest["quantization"]["quant_format"] == "QDQ"
     assert manifest["int8"]["ops"].get("QuantizeLinear", 0) > 0  # really quantized

@@ -167,6 +167,7 @@ def _run_built(rec: _Recorder, built, config: RunConfig, scale: float | None) ->
         compiled = tvm_lowprec.compile(mod, target="native")
         res["compile_s"] = round(time.perf_counter() - start, 2)
         res["target"] = compiled.spec.name
+        res["unscheduled"] = [k.name for k in compiled.kernels() if k.schedule == "none"]  # serial, scalar loops
         rec.stage("check")
         outputs = compiled(feed)
         out = outputs[refs.index] if len(outputs) == refs.count else outputs[0]
@@ -234,9 +235,24 @@ def _profile(compiled, feed: dict, config: RunConfig) -> list[dict] | dict:
         rows = compiled.profile(feed, repeat=2 if config.timing == "quick" else 5, isolated=True)
     except Exception as err:  # noqa: BLE001
         return {"error": error_text(err)}
-    return [{"name": r["name"], "op": _op_summary(r), "intrinsic": r.get("intrinsic"), "ms": r["ms"],
-             "share": r["share"], "gops": r.get("gops"), "pct_copy": r.get("pct_copy"), "figures": profile_figures(r)}
-            for r in rows[: config.top]]
+    def row(r):
+        return {"name": r["name"], "op": _op_summary(r), "intrinsic": r.get("intrinsic"), "ms": r["ms"],
+                "share": r["share"], "gops": r.get("gops"), "pct_copy": r.get("pct_copy"), "figures": profile_figures(r)}
+
+    return [row(r) for r in rows[: config.top]] + [
+        {**row(r), "over_copy": True} for r in rows[config.top:] if over_copy_cost(r)]
+
+
+# A kernel that is not a GEMM and takes more than this many times what its bytes cost at copy bandwidth
+# (below 10% of it), and at least SLOW_MIN_MS (under that, a call's fixed cost is most of it)
+COPY_COST_LIMIT = 10.0
+SLOW_MIN_MS = 0.02
+
+
+def over_copy_cost(row: dict) -> bool:
+    """Whether a profile row is a kernel slower than :data:`COPY_COST_LIMIT` times its bytes' copy."""
+    pct = row.get("pct_copy")
+    return pct is not None and pct < 100.0 / COPY_COST_LIMIT and row["ms"] >= SLOW_MIN_MS
 
 
 # ---------------------------------------------------------------- isolation

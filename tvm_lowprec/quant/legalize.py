@@ -106,4 +106,33 @@ def legalize_max_pool2d(bb, call):
                       primfunc_name_hint="max_pool2d", primfunc_attrs={"lowprec.op": OP, "op_pattern": 8})
 
 
-LEGALIZE = {"relax.quantize": legalize_quantize, "relax.nn.max_pool2d": legalize_max_pool2d}
+def legalize_resize2d(bb, call):
+    """A bilinear resize of static float32 NCHW/NHWC data on a CPU row: two 1-D passes over tables of
+    source indices and weights (:mod:`~tvm_lowprec.kernels.resize`, its own schedule rule); TVM's
+    legalization for other methods, modes, shapes and devices."""
+    from tvm import relax
+
+    from ..kernels.resize import MODES, OP, axis_tables, separable_linear_resize
+
+    a = call.attrs
+    tvm_default = tvm.ir.Op.get("relax.image.resize2d").get_attr("FLegalize")
+    target = tvm.target.Target.current(allow_none=True)
+    from .patterns import dtype_of, static_shape
+
+    in_shape, out_shape, layout = static_shape(call.args[0]), static_shape(call), str(a.layout)
+    if (target is None or target.kind.name != "llvm" or str(a.method) != "linear" or layout not in ("NCHW", "NHWC")
+            or str(a.coordinate_transformation_mode) not in MODES or in_shape is None or out_shape is None
+            or dtype_of(call.args[0]) != "float32" or dtype_of(call) != "float32"):
+        return tvm_default(bb, call)
+    h, w = layout.index("H"), layout.index("W")
+    mode = str(a.coordinate_transformation_mode)
+    if mode == "align_corners" and (out_shape[h] == 1 or out_shape[w] == 1):
+        return tvm_default(bb, call)
+    tables = [*axis_tables(in_shape[h], out_shape[h], mode), *axis_tables(in_shape[w], out_shape[w], mode)]
+    return bb.call_te(lambda x, *t: separable_linear_resize(x, *t, layout), call.args[0],
+                      *(relax.const(t) for t in tables), primfunc_name_hint="resize2d",
+                      primfunc_attrs={"lowprec.op": OP, "lowprec.layout": layout, "op_pattern": 8})
+
+
+LEGALIZE = {"relax.quantize": legalize_quantize, "relax.nn.max_pool2d": legalize_max_pool2d,
+            "relax.image.resize2d": legalize_resize2d}

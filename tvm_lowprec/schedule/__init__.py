@@ -20,6 +20,7 @@ from .nbits import NbitsGemmRule
 from .pool import SeparablePoolRule
 from .qgemm import Im2colRule, PackBRule, QGemmRule
 from .qgemm16 import QGemm16Rule
+from .resize import ResizeRule
 from .rows import RowOpRule
 from .softmax_vectors import VectorSoftmaxRule
 from .strided import StridedReductionRule
@@ -28,7 +29,7 @@ from .window import WindowReductionRule
 # in priority order: ours first, then TVM's dlight row-reduction rule (softmax, layer norm), and last the
 # generic rule, which accepts whatever the others decline (no kernel is left serial and scalar)
 DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), Bf16GemmRule(), Fp32GemmRule(), Fp32DepthwiseRule(), Fp32MatmulRule(), PackBRule(), Im2colRule(), Col2imRule(),
-                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), SeparablePoolRule(), ByteTransposeRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
+                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), SeparablePoolRule(), ResizeRule(), ByteTransposeRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
                  DlightRule(_dlight_cpu.Reduction(), no_recompute=True), GenericRule())
 
 
@@ -51,4 +52,4 @@ def schedule_func(func, spec, rules=None):
 
 __all__ = ["Bf16GemmRule", "ByteTransposeRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
            "ElementwiseRule", "Fp32DepthwiseRule", "GenericRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
-           "RULES", "RowOpRule", "SeparablePoolRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "schedule_func"]
+           "RULES", "ResizeRule", "RowOpRule", "SeparablePoolRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "schedule_func"]
