@@ -66,6 +66,18 @@ class QGemmRule:
         tile_gemm(sch, groups, nr, [None, kblock // kstep] if kblock else None, intrin, lanes, kstep, batched, rows)
 
 
+# K steps of one tap unrolled at most. ResNet-50 at 112x112 on a Zen 4 (1 thread, kernels' sum / compile
+# on one core): whole taps 6.06 ms / 26.9 s (its 4x4-output 3x3 layers of 512 channels at 261 GOPS, 128
+# steps x 16 instructions a body); 32 steps 5.31 / 6.9 s; 16 5.26 / 5.8 s (458 GOPS); 8 5.32 / 5.3 s
+MAX_TAP_UNROLL = 16
+
+
+def _tap_unroll(steps: int) -> int:
+    """The K steps of one convolution tap unrolled together: all of them up to :data:`MAX_TAP_UNROLL`,
+    else the largest divisor of them no larger."""
+    return max(d for d in range(1, min(steps, MAX_TAP_UNROLL) + 1) if steps % d == 0)
+
+
 def gemm_rows(func) -> int:
     """Activation rows per instruction of a qgemm PrimFunc (``lowprec.rows``; 1 for dot products)."""
     return int(func.attrs.get("lowprec.rows", 1))
@@ -142,8 +154,10 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
     if conv is not None and _extent(sch, kb) % (int(conv[2]) // kstep) == 0:
         # each tap's channel steps unrolled (constant offsets from the tap's address), the taps a loop.
         # Measured (AMX Xeon, 1 thread, us; all of K unrolled / taps looped): 6400x8x72 52 / 36,
-        # 6400x16x72 47 / 37, 14400x6x216 244 / 180 (spilled accumulators), the 9-tap stem 84 / 87
-        sch.unroll(sch.split(kb, [None, int(conv[2]) // kstep])[1])
+        # 6400x16x72 47 / 37, 14400x6x216 244 / 180 (spilled accumulators), the 9-tap stem 84 / 87.
+        # At most MAX_TAP_UNROLL steps of a tap unrolled: a wide layer's whole tap is a body of
+        # thousands of instructions (ResNet-50's 512-channel 3x3 at 4x4 outputs: 128 steps x 16)
+        sch.unroll(sch.split(kb, [None, _tap_unroll(int(conv[2]) // kstep)])[1])
     init = sch.get_sblock("gemm_init")
     if rows > 1:  # one vector per accumulator block
         sch.fuse(*sch.get_loops(init)[-2:])
