@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     models = args.models or list(zoo.QUICK if args.quick else zoo.DEFAULT)
     timeout = args.timeout or (QUICK_TIMEOUT_S if args.quick else DEFAULT_TIMEOUT_S)
-    out = args.out or default_out()
+    out = (args.out or default_out()).resolve()  # the model processes run elsewhere: an absolute path
     out.mkdir(parents=True, exist_ok=True)
     config = RunConfig(cache=str(args.cache), small=args.small or args.quick, size=args.size,
                        dynamo=not args.torchscript, fmt=args.quant_format, s8s8=args.s8s8,
