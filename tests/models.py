@@ -66,7 +66,7 @@ def one_bad_feature_inputs(rng, n: int) -> list:
 
 
 def quantize_qdq(model: onnx.ModelProto, samples, *, per_channel=True, reduce_range=False,
-                 activation_type=None) -> onnx.ModelProto:
+                 activation_type=None, quant_format=None) -> onnx.ModelProto:
     """ONNX Runtime's ``quantize_static`` (QDQ, int8 weights, MinMax; uint8 activations unless
     ``activation_type`` says otherwise, e.g. ``QuantType.QUInt16``)."""
     import tempfile
@@ -87,7 +87,8 @@ def quantize_qdq(model: onnx.ModelProto, samples, *, per_channel=True, reduce_ra
         src, dst = os.path.join(d, "fp32.onnx"), os.path.join(d, "qdq.onnx")
         onnx.save(for_ort(model), src)
         quantize_static(
-            src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel, reduce_range=reduce_range,
+            src, dst, Reader(), quant_format=quant_format or QuantFormat.QDQ, per_channel=per_channel,
+            reduce_range=reduce_range,
             activation_type=activation_type or QuantType.QUInt8, weight_type=QuantType.QInt8,
         )
         return onnx.load(dst)

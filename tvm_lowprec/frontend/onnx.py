@@ -23,9 +23,7 @@ from .qoperator import QOPERATOR_REWRITES, rewrite_qoperators
 
 # Unsupported QOperator ops (and a block_size on any operator but Q/DQ) are reported here rather than
 # deep inside the importer.
-KNOWN_UNSUPPORTED = {
-    "QGemm": "com.microsoft QGemm is not supported; export QDQ (quantize_static with QuantFormat.QDQ)",
-}
+KNOWN_UNSUPPORTED: dict[str, str] = {}
 
 
 def _load(model_or_path) -> onnx.ModelProto:
@@ -103,12 +101,13 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
     from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
 
     model = rewrite_matmul_nbits(_load(model_or_path))  # com.microsoft.MatMulNBits -> blocked DQ + MatMul
+    model = rewrite_qoperators(model)  # QOperator nodes (and ORT's QLinear contrib operators) -> Q/DQ form
     check_operators(model)
     try:
         model, narrow_inputs, narrow_outputs = widen_narrow_types(model)
     except NotImplementedError as err:
         raise UnsupportedOperatorError(str(err)) from None
-    model = conv1d_as_conv2d(fold_batchnorm(fold_shapes(rewrite_qoperators(model), shape_dict)))
+    model = conv1d_as_conv2d(fold_batchnorm(fold_shapes(model, shape_dict)))
     names = [vi.name for vi in _graph_inputs(model)]
     dynamic = dynamic_report(model)
     try:
