@@ -72,8 +72,10 @@ def _contrib(op: str, inputs: int, drop=(), decline=None):
         if decline is not None and decline(node):
             return [node]
         args = list(node.input) + [""] * (3 * inputs + 2 - len(node.input))
-        if not all(args[3 * i] and args[3 * i + 1] for i in range(inputs)) or not args[3 * inputs]:
-            return [node]  # an input or a scale missing: malformed, kept for the operator check to name
+        if not all(args[3 * i] and args[3 * i + 1] for i in range(inputs)) or not all(args[3 * inputs:3 * inputs + 2]):
+            # an input or a scale missing (malformed), or the output's zero point, which gives its type:
+            # kept for the operator check to name
+            return [node]
         base = node.name or node.output[0]
         floats = [f"{base}__in{i}_dq" for i in range(inputs)]
         nodes = [_dq_input(f, *args[3 * i:3 * i + 3]) for i, f in enumerate(floats)]
@@ -88,8 +90,6 @@ def _apply(node, op, floats, y_scale, y_zero_point, drop=()):
     y_f = f"{base}__y_f32"
     core = helper.make_node(op, floats, [y_f], name=f"{base}__{op.lower()}")
     core.attribute.extend(a for a in node.attribute if a.name not in drop)
-    if not y_zero_point:  # the output's type comes from its zero point: without one there is no safe form
-        return [node]
     return [core, helper.make_node("QuantizeLinear", [y_f, y_scale, y_zero_point], list(node.output), name=f"{base}__q")]
 
 
@@ -97,7 +97,7 @@ def _qlinear_concat(node, ranks):
     """QLinearConcat(Y_scale, Y_zero_point, (X, X_scale, X_zero_point)...) = Q(Concat(DQ(X)...))."""
     y_scale, y_zero_point, *triples = list(node.input) + ["", ""]
     triples = triples[:len(node.input) - 2]
-    if not y_scale or not triples or any(not triples[i] or not (triples[i + 1:i + 2] or [""])[0]
+    if not y_scale or not y_zero_point or not triples or any(not triples[i] or not (triples[i + 1:i + 2] or [""])[0]
                                          for i in range(0, len(triples), 3)):
         return [node]  # malformed, kept for the operator check to name
     base = node.name or node.output[0]
@@ -106,8 +106,7 @@ def _qlinear_concat(node, ranks):
         x, scale, zp = (triples[i:i + 3] + ["", ""])[:3]
         floats.append(f"{base}__in{i // 3}_dq")
         nodes.append(_dq_input(floats[-1], x, scale, zp))
-    tail = _apply(node, "Concat", floats, y_scale, y_zero_point)
-    return tail if tail == [node] else nodes + tail
+    return nodes + _apply(node, "Concat", floats, y_scale, y_zero_point)
 
 
 def _qgemm(node, ranks):
@@ -116,8 +115,8 @@ def _qgemm(node, ranks):
     at scale ``sa * sb``; no output scale: the float result itself."""
     args = list(node.input) + [""] * (9 - len(node.input))
     a, sa, za, b, sb, zb, c, sy, zy = args
-    if not (a and sa and b and sb):
-        return [node]  # malformed, kept for the operator check to name
+    if not (a and sa and b and sb) or (sy and not zy):
+        return [node]  # malformed (or no output type), kept for the operator check to name
     base = node.name or node.output[0]
     trans_b = any(at.name == "transB" and at.i for at in node.attribute)
     a_f, b_f = f"{base}__a_dq", f"{base}__b_dq"
@@ -133,8 +132,7 @@ def _qgemm(node, ranks):
         gemm = helper.make_node("Gemm", inputs, list(node.output), name=f"{base}__gemm")
         gemm.attribute.extend(node.attribute)
         return nodes + [gemm]
-    tail = _apply(node, "Gemm", inputs, sy, zy)
-    return [node] if tail == [node] else nodes + tail
+    return nodes + _apply(node, "Gemm", inputs, sy, zy)
 
 
 def _channels_last(node) -> bool:

@@ -21,7 +21,9 @@ from __future__ import annotations
 import math
 
 import tvm
-from tvm import te, tirx
+from tvm import relax, te, tirx
+
+from .patterns import dtype_of, static_shape
 
 
 def _parameter(value, indices, axis):
@@ -110,15 +112,11 @@ def legalize_resize2d(bb, call):
     """A bilinear resize of static float32 NCHW/NHWC data on a CPU row: two 1-D passes over tables of
     source indices and weights (:mod:`~tvm_lowprec.kernels.resize`, its own schedule rule); TVM's
     legalization for other methods, modes, shapes and devices."""
-    from tvm import relax
-
     from ..kernels.resize import MODES, OP, axis_tables, separable_linear_resize
 
     a = call.attrs
     tvm_default = tvm.ir.Op.get("relax.image.resize2d").get_attr("FLegalize")
     target = tvm.target.Target.current(allow_none=True)
-    from .patterns import dtype_of, static_shape
-
     in_shape, out_shape, layout = static_shape(call.args[0]), static_shape(call), str(a.layout)
     if (target is None or target.kind.name != "llvm" or str(a.method) != "linear" or layout not in ("NCHW", "NHWC")
             or str(a.coordinate_transformation_mode) not in MODES or in_shape is None or out_shape is None

@@ -463,10 +463,21 @@ def _reads_window(match: QGemmMatch, layout, channels: int | None, row_term: boo
     g = match.conv
     if g is None or g.is_pointwise or g.depthwise or match.x_zero_point_expr is not None or row_term:
         return False
-    c = g.channels if channels is None else channels
-    if layout.b_order != "panels" or layout.rows != 1 or c % layout.kstep:
+    return _layout_reads_window(layout, g, g.channels if channels is None else channels, dtype_of(match.x))
+
+
+def _layout_reads_window(layout, g: ConvGeometry, channels: int, a_dtype: str) -> bool:
+    """The layout's side of :func:`_reads_window` (also a grouped convolution's, ``channels`` one
+    group's): one row per instruction, B in panels, K steps within a tap's ``channels``, A as stored."""
+    if layout.b_order != "panels" or layout.rows != 1 or channels % layout.kstep:
         return False
-    return layout.a_storage == dtype_of(match.x) and layout.kp == g.kernel[0] * g.kernel[1] * c
+    return layout.a_storage == a_dtype and layout.kp == g.kernel[0] * g.kernel[1] * channels
+
+
+def _row_term(weight: ConstWeight) -> bool:
+    """Whether the weights' zero point (as the kernel stores them, int8) is not zero: the GEMM then
+    needs the activation rows' sums."""
+    return bool(np.any(np.asarray(weight.zero_point) - (128 if weight.values.dtype == np.uint8 else 0)))
 
 
 def _gemm_input(builder, match: QGemmMatch, channels: int | None = None, window: bool = False):
@@ -555,7 +566,7 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
     if match.conv is not None and match.conv.grouped:
         return emit_grouped(builder, match, spec)
     k, n = match.weight.values.shape
-    row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
+    row_term = _row_term(match.weight)
     runtime_za = match.x_zero_point_expr is not None
 
     requant_f32 = spec.float32_requant and not runtime_za and _float32_exact(match)  # the extra channels add 0
@@ -608,7 +619,7 @@ def emit_grouped(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | N
     ``[groups, M, kh * kw * C/groups]``. Declined (the generic int32 path) with a weight zero point that
     needs the row term or a runtime activation zero point."""
     g = match.conv
-    row_term = bool(np.any(np.asarray(match.weight.zero_point) - (128 if match.weight.values.dtype == np.uint8 else 0)))
+    row_term = _row_term(match.weight)
     if row_term or match.x_zero_point_expr is not None or static_shape(match.x) != (g.batch, g.channels, *g.in_hw):
         return None
     k, n = match.weight.values.shape
@@ -620,10 +631,8 @@ def emit_grouped(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | N
                            requant_f32=spec.float32_requant and _float32_exact(match))
     b_signed = signed_weights(match.weight.values)[0]
     layout = GemmLayout.choose(problem, spec, b_signed)
-    window = conv_window(g, g.group_channels, groups)
-    if (layout.b_order == "panels" and layout.rows == 1 and g.group_channels % layout.kstep == 0
-            and layout.a_storage == a_dtype and layout.kp == k):
-        problem = replace(problem, window=window)
+    if _layout_reads_window(layout, g, g.group_channels, a_dtype):
+        problem = replace(problem, window=conv_window(g, g.group_channels, groups))
         layout = GemmLayout.choose(problem, spec, b_signed)
         cols = _im2col(builder, match.x, g, match.x_zero_point, g.channels, window=True)
     else:

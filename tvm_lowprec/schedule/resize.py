@@ -14,6 +14,8 @@ from :data:`MIN_PARALLEL` elements. Declines every other function.
 
 from __future__ import annotations
 
+import math
+
 from tvm.s_tir import Schedule
 
 from ..kernels.resize import OP
@@ -33,9 +35,7 @@ class ResizeRule:
         layout = str(func.attrs["lowprec.layout"])
         for block in blocks:
             loops = sch.get_loops(block)
-            total = 1
-            for loop in loops:
-                total *= int(sch.get(loop).extent)
+            total = math.prod(int(sch.get(loop).extent) for loop in loops)
             axis = layout.index("H" if sch.get(block).name_hint == "resize" else "W")
             split = axis + 1 if axis + 1 < len(loops) else len(loops) - 1
             rows, run = sch.fuse(*loops[:split]), sch.fuse(*loops[split:])
