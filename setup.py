@@ -37,6 +37,12 @@ setup(
         # this torch still works: benchmarks/zoo/torchvision.py declares their schemas before the import
         "zoo": ["onnxruntime>=1.18", "matplotlib", "sympy", "torch", "torchvision", "timm", "transformers",
                 "ultralytics", "onnxscript"],
+        # benchmarks/zoo/keras_models.py: keras.applications models converted by tf2onnx (keras comes with
+        # TensorFlow). Co-installs with numpy 2.4, onnx 1.23, protobuf 7 (tensorflow-cpu 2.21, tf2onnx 1.17);
+        # where it does not, a separate environment named by TVM_LOWPREC_TF_PYTHON runs the conversion
+        # (tensorflow-cpu: the CPU-only wheel, Linux x86-64; elsewhere the tensorflow wheel is the CPU one)
+        "zoo-tf": ["tensorflow-cpu; platform_system == 'Linux' and platform_machine == 'x86_64'",
+                   "tensorflow; platform_system != 'Linux' or platform_machine != 'x86_64'", "tf2onnx"],
     },
     entry_points={"console_scripts": ["tvm-lowprec=tvm_lowprec.cli:main"]},
 )

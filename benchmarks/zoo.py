@@ -45,7 +45,8 @@ from zoo import runner  # noqa: E402
 from zoo.runner import RunConfig, run_isolated  # noqa: E402
 
 RUNTIMES = {"tvm-lowprec": "tvm-lowprec INT8", "ort-int8": "ORT INT8", "ort-fp32": "ORT FP32"}
-ZOO_PACKAGES = ("torch", "torchvision", "timm", "transformers", "ultralytics", "onnxscript")
+ZOO_PACKAGES = ("torch", "torchvision", "timm", "transformers", "ultralytics", "onnxscript", "tensorflow-cpu", "keras",
+                "tf2onnx")
 DEFAULT_TIMEOUT_S = 1200
 QUICK_TIMEOUT_S = 600
 
@@ -185,7 +186,7 @@ def header(meta: dict) -> list[str]:
         f"logical CPUs; {flags}) · tvm-lowprec @ {meta['git']} · TVM {v['tvm']} · ONNX Runtime {v['onnxruntime']} · "
         f"onnx {v['onnx']} · {zoo_versions}", "",
         f"Exporter: {'torch.onnx.export dynamo (default)' if opts['dynamo'] else 'torch.onnx.export dynamo=False'} "
-        f"(Ultralytics: its own `model.export`); quantization: ORT `quant_pre_process` + `quantize_static` "
+        f"(Ultralytics: its own `model.export`; Keras: `tf2onnx.convert.from_keras`, opset 17); quantization: ORT `quant_pre_process` + `quantize_static` "
         f"{opts['fmt']}, per-channel int8 weights, {'int8' if opts['s8s8'] else 'uint8'} activations, MinMax on "
         f"{opts['calibration']} random inputs; random weights everywhere. Load average at start "
         f"{meta['loadavg_start']}, at end {meta['loadavg_end']}.", "",

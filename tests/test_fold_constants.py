@@ -55,11 +55,12 @@ def test_constant_kernels_fold_to_their_values_keeping_their_dtypes():
 
 
 def test_constant_kernels_are_built_for_the_models_target(monkeypatch):
-    """Built by tvm.compile for the target in scope (the row's CPU and features), not a generic llvm."""
+    """Built (tvm.tirx.build, machine code in a child: native_build.kernel_library) for the target in scope
+    (the row's CPU and features), not a generic llvm."""
     spec = resolve_target("native")
     targets = []
-    compile_ = tvm.compile
-    monkeypatch.setattr(tvm, "compile", lambda mod, target=None, **kw: targets.append(target) or compile_(mod, target=target, **kw))
+    build = fc.kernel_library
+    monkeypatch.setattr(fc, "kernel_library", lambda mod, target: targets.append(target) or build(mod, target))
     with spec.tvm_target(1) as scope:
         legalized = relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE)(_anchor_module())
         fc.fold_constants_module(legalized)
@@ -75,7 +76,7 @@ def test_a_kernel_that_does_not_build_is_kept(monkeypatch):
     spec = resolve_target("native")
     with spec.tvm_target(1):
         legalized = relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE)(_anchor_module())
-        monkeypatch.setattr(tvm, "compile", refuse)
+        monkeypatch.setattr(fc, "kernel_library", refuse)
         kept = fc.fold_constants_module(legalized)
     assert len(_constants(kept)) == len(_constants(legalized))  # nothing folded, nothing raised
     assert tvm_ffi.structural_equal(kept["main"], legalized["main"])

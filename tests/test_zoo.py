@@ -48,7 +48,8 @@ def _require(packages):
 
 def test_registry_shapes():
     """Every source is present, every entry is a ZooModel with a reduced size no larger than its default."""
-    assert set(zoo.SOURCES) == {"torchvision", "timm", "transformers", "ultralytics"}
+    assert set(zoo.SOURCES) == {"torchvision", "timm", "transformers", "ultralytics", "keras"}
+    assert zoo.REGISTRY["keras_mobilenet_v2"].key(96, True) == "keras_mobilenet_v2-96-tf2onnx"
     for name, entry in zoo.REGISTRY.items():
         assert isinstance(entry, ZooModel) and entry.name == name
         assert 0 < entry.small_size <= entry.size

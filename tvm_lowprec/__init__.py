@@ -21,12 +21,13 @@ from . import _threads  # noqa: F401  (sizes TVM's thread pool before anything r
 from . import intrin  # noqa: F401  (registers the tensor intrinsics)
 from .compiled import Compiled, InputSpec, KernelInfo
 from .emulation import EmulationError, emulated_executable, execution_mode
-from .errors import DynamicShapeError, InputError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
+from .errors import DynamicShapeError, InputError, KernelBuildError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
 from .frontend.onnx import from_onnx
 from .ptq import QuantConfig, accuracy_report, quantize
 from .tune import tune
 from .kernels import Epilogue, QGemmProblem
 from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
+from .native_build import build_executable
 from .unaligned_inputs import unaligned_inputs
 from . import cache as _cache
 from .errors import SavedModelError, SavedModelHostError, SavedModelVersionError
@@ -215,14 +216,18 @@ def _build(mod, spec, num_threads, requant_mode, fast_math, database, emulate, w
         return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, runnable=runnable,
                         cuda=build_model(executable, spec))
     lowered, any_alignment = unaligned_inputs(lowered)
-    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
     mode = execution_mode(spec)
+    if mode == "native" and emulate is not True:  # LLVM's back end in a child process: an abort there is a KernelBuildError
+        executable, runnable = build_executable(lowered, tvm_target)
+        return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,
+                        runnable=runnable, any_alignment=any_alignment)
+    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
     if emulate is True or (emulate == "auto" and mode == "emulated"):
         runnable, report = emulated_executable(lowered, executable, tvm_target)
         return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,
                         runnable=runnable, emulation=report, any_alignment=any_alignment)
     return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,
-                    runnable=executable if mode == "native" else None, any_alignment=any_alignment)
+                    runnable=None, any_alignment=any_alignment)
 
 
 __all__ = [
@@ -233,6 +238,7 @@ __all__ = [
     "InputError",
     "InputSpec",
     "KernelInfo",
+    "KernelBuildError",
     "LowPrecError",
     "SavedModelError",
     "SavedModelHostError",

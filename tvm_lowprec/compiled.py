@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import relax
 
 from .errors import InputError, LowPrecError
+from .native_build import export_in_child, kernel_library, text_in_child
 
 
 _POOL_THREADS = None  # what TVM's runtime pool was last configured to by a Compiled
@@ -416,15 +417,20 @@ class Compiled:
             return self.cuda.source if fmt == "cuda" else self.cuda.ptx
         if fmt in self._sources:  # a loaded model: the text stored when it was saved
             return self._sources[fmt]
-        parts, stack = [], [self.executable.mod]
-        while stack:  # the VM module imports the compiled kernels' module
-            module = stack.pop()
-            try:
-                parts.append(module.inspect_source(fmt))
-            except Exception:  # noqa: BLE001 - modules without source of this format (the VM's own)
-                pass
-            stack.extend(module.imports)
-        return "\n".join(p for p in parts if p)
+        def collect() -> str:
+            parts, stack = [], [self.executable.mod]
+            while stack:  # the VM module imports the compiled kernels' module
+                module = stack.pop()
+                try:
+                    parts.append(module.inspect_source(fmt))
+                except Exception:  # noqa: BLE001 - modules without source of this format (the VM's own)
+                    pass
+                stack.extend(module.imports)
+            return "\n".join(p for p in parts if p)
+
+        if fmt == "ll":  # LLVM IR as built: LLVM's back end does not run
+            return collect()
+        return text_in_child(collect, f"inspect_source({fmt!r})")  # assembly: LLVM's back end, in a child
 
     def remote(self, session) -> "RemoteModel":
         """This model on a board reached through TVM RPC (``tvm.rpc.connect(host, port)``, or a
@@ -449,8 +455,7 @@ class Compiled:
             return str(path)
         if qemu.is_aarch64(self.spec):
             return qemu.export_aarch64(self.executable, path)
-        self.executable.export_library(str(path))
-        return str(path)
+        return export_in_child(self.executable, str(path))
 
     def __repr__(self):
         return (f"Compiled(target={self.spec.name}, execution={self.execution}, inputs={[i.name for i in self.inputs]}, "
@@ -490,12 +495,12 @@ def _isolated_seconds(lowered, target, device, names, min_repeat_ms: int = 20, r
                 funcs[gvar.name_hint] = func.with_attr("global_symbol", gvar.name_hint)
     if not funcs:
         return {}
-    lib = tvm.compile(tvm.IRModule(funcs), target=target)
+    _, lib = kernel_library(tvm.IRModule(funcs), target)  # LLVM's back end in a child process
     rng = np.random.default_rng(0)
     seconds = {}
     for name, func in funcs.items():
         args = [tvm.runtime.tensor(_random_fill(rng, p), device) for p in func.params]
-        timer = lib.mod.time_evaluator(name, device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+        timer = lib.time_evaluator(name, device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
         seconds[name] = float(np.median(timer(*args).results))
     return seconds
 

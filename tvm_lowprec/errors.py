@@ -35,3 +35,9 @@ class SavedModelVersionError(SavedModelError):
 class SavedModelHostError(SavedModelError):
     """A saved model whose target row this host cannot run natively (it lacks the row's instructions,
     or the row is not a CPU row of this architecture): names the row and what is missing."""
+
+
+class KernelBuildError(LowPrecError, RuntimeError):
+    """A kernel that LLVM cannot compile to machine code for the target (LLVM reports it by aborting;
+    the build runs in a child process, :mod:`tvm_lowprec.native_build`): names every such kernel with
+    LLVM's message."""

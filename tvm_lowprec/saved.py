@@ -36,6 +36,7 @@ import tempfile
 import weakref
 import zipfile
 
+from .native_build import export_in_child
 from .errors import LowPrecError, SavedModelError, SavedModelHostError, SavedModelVersionError
 
 FORMAT = "tvm-lowprec-saved-model"
@@ -128,7 +129,7 @@ def save(compiled, path) -> str:
             if compiled._library is not None:
                 shutil.copyfile(compiled._library, library)
             else:
-                compiled.executable.export_library(library)
+                export_in_child(compiled.executable, library)
         with open(library, "rb") as f:
             so = f.read()
         manifest = {

@@ -3,7 +3,7 @@
 A zoo entry is a :class:`ZooModel`: called as ``entry(cache, size=None, small=False, dynamo=True)`` it
 builds the model with random weights, exports it to FP32 ONNX (once; later calls find the file in
 ``cache``) and returns the file's path. Each source module (``torchvision.py``, ``timm_models.py``,
-``transformers_models.py``, ``ultralytics_models.py``) holds a ``MODELS`` dict of them.
+``transformers_models.py``, ``ultralytics_models.py``, ``keras_models.py``) holds a ``MODELS`` dict of them.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ZooModel:
     name : str
         Registry key.
     source : str
-        ``torchvision``, ``timm``, ``transformers`` or ``ultralytics``.
+        ``torchvision``, ``timm``, ``transformers``, ``ultralytics`` or ``keras``.
     description : str
         One line for the report.
     size : int
@@ -75,6 +75,8 @@ class ZooModel:
         exporter = "dynamo" if dynamo else "torchscript"
         if self.source == "ultralytics":
             exporter = "ultralytics"  # YOLO.export picks its exporter itself
+        elif self.source == "keras":
+            exporter = "tf2onnx"  # tf2onnx.convert.from_keras, whatever the torch exporter option
         return f"{self.name}-{size}-{exporter}"
 
     def resolve_size(self, size: int | None = None, small: bool = False) -> int:

@@ -11,8 +11,8 @@ once its input shape is pinned, did, under the row's target and a plain ``llvm``
 
 Here a constant kernel is built by ``tvm.compile`` for the target the model itself is compiled for (a
 CPU row's LLVM target with its CPU and features; a GPU row's host), the path every kernel of the model
-takes anyway, and evaluated on the constants. A kernel that does not build or run (a Python exception)
-stays in the graph, as Relax's folder leaves it; builds are shared by identical kernels. Folding is a
+takes anyway, its machine code made in a child process (:mod:`tvm_lowprec.native_build`: an LLVM abort
+is an exception there), and evaluated on the constants. A kernel that does not build or run stays in the graph, as Relax's folder leaves it; builds are shared by identical kernels. Folding is a
 worklist over the function's bindings in order: a folded value is a constant for the bindings after it.
 """
 
@@ -22,6 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..native_build import kernel_library
 from .patterns import dtype_of, mutate_relax_functions, static_shape
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -83,7 +84,8 @@ class _Folder(relax.PyExprMutator):
             self.built[name] = None
             if isinstance(func, tvm.tirx.PrimFunc):
                 try:
-                    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=self.target)
+                    one = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+                    _, lib = kernel_library(one, self.target)  # LLVM's back end in a child process
                     self.built[name] = lib["main"]
                 except Exception:  # noqa: BLE001 - a kernel that does not build is kept in the graph
                     pass
