@@ -218,7 +218,10 @@ def _softmax_reference(x, axis, scale, out_scale, zero_point, qmin, qmax):
 
 
 PERMUTE_ROWS = [spec for spec in TARGETS if getattr(spec, "register_permute", None) is not None]
-SOFTMAX_SHAPES = {"dfl-bins": ((1, 16, 4, 64), 1, 0.3), "attention-row": ((2, 3, 128), -1, 0.11), "two-axes-out": ((3, 4, 2, 32), 2, 0.05)}
+SOFTMAX_SHAPES = {"dfl-bins": ((1, 16, 4, 64), 1, 0.3), "attention-row": ((2, 3, 128), -1, 0.11), "two-axes-out": ((3, 4, 2, 32), 2, 0.05),
+                  # rows no vector divides (ViT's 197 tokens, Whisper's 250 frames at the zoo's size): the
+                  # last vector overlaps the one before it
+                  "vit-row": ((1, 3, 197), -1, 0.11), "whisper-row": ((16, 250), -1, 0.3)}
 
 
 @pytest.mark.parametrize("in_dtype", ["uint8", "int8"])
@@ -260,8 +263,8 @@ def test_a_row_with_a_register_permute_takes_the_softmax_exponentials_from_its_t
 
 
 def test_a_row_without_a_register_permute_or_a_shape_the_vectors_do_not_fit_keeps_the_scheduled_softmax():
-    """The Arm rows (no ``register_permute``) and a row of 37 elements on an x86 row: the row rule's
-    kernel, exponentials computed."""
+    """The Arm rows (no ``register_permute``), and on an x86 row a row shorter than a vector (5) or longer
+    than 64 vectors (1025): the row rule's kernel, exponentials computed."""
     from tvm_lowprec.kernels.qsoftmax import build_qsoftmax
     from tvm_lowprec.schedule.softmax_vectors import VectorSoftmaxRule
 
@@ -271,6 +274,9 @@ def test_a_row_without_a_register_permute_or_a_shape_the_vectors_do_not_fit_keep
             continue
         taken = VectorSoftmaxRule().apply(fits, spec) is not None
         assert taken == (spec.register_permute is not None), spec.name
-    odd = build_qsoftmax((2, 3, 37), "uint8", 0.1, "uint8", 1 / 256, 0, 0, 255)
-    assert all(VectorSoftmaxRule().apply(odd, spec) is None for spec in PERMUTE_ROWS)
+    for n in (5, 1025):
+        odd = build_qsoftmax((2, 3, n), "uint8", 0.1, "uint8", 1 / 256, 0, 0, 255)
+        assert all(VectorSoftmaxRule().apply(odd, spec) is None for spec in PERMUTE_ROWS), n
+    tail = build_qsoftmax((2, 3, 37), "uint8", 0.1, "uint8", 1 / 256, 0, 0, 255)  # 37 = 2 x 16 + 5: overlapping
+    assert all(VectorSoftmaxRule().apply(tail, spec) is not None for spec in PERMUTE_ROWS)
     assert PERMUTE_ROWS, "no x86 row has a register permute"

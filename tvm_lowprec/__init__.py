@@ -23,6 +23,7 @@ from .compiled import Compiled, InputSpec, KernelInfo
 from .emulation import EmulationError, emulated_executable, execution_mode
 from .errors import DynamicShapeError, InputError, KernelBuildError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
 from .frontend.onnx import from_onnx
+from .frontend.relax_module import prepare_module, var_name
 from .ptq import QuantConfig, accuracy_report, quantize
 from .tune import tune
 from .kernels import Epilogue, QGemmProblem
@@ -42,7 +43,7 @@ _REQUANT_MODES = ("float", "fixed_point")
 def _input_specs(mod) -> list[InputSpec]:
     main = mod["main"]
     names = main.attrs.get("lowprec.input_names", None) if main.attrs is not None else None
-    names = [str(n) for n in names] if names is not None else [p.name_hint for p in main.params]
+    names = [str(n) for n in names] if names is not None else [var_name(p) for p in main.params]
     narrow = main.attrs.get("lowprec.narrow_inputs", {}) if main.attrs is not None else {}
     specs = []
     for name, param in zip(names, main.params):
@@ -174,6 +175,7 @@ def compile(  # noqa: A001
         raise ValueError(f"requant_mode must be one of {_REQUANT_MODES}, not {requant_mode!r}")
     if emulate not in ("auto", True, False):
         raise ValueError(f"emulate must be 'auto', True or False, not {emulate!r}")
+    mod = prepare_module(mod)  # a TVM frontend's weights kept as inputs: bound as constants
     spec = resolve_target(target)
     folder = _cache.cache_dir(cache)
     key = None

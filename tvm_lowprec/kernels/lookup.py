@@ -22,6 +22,21 @@ OP = "lookup"
 
 def build_lookup(n: int, in_dtype: str, out_dtype: str, intrin, folded: int, name: str = "lookup"):
     """The PrimFunc ``(X[n] in_dtype, table[intrin.table_bytes] out_dtype) -> Y[n] out_dtype``."""
+    key = (n, in_dtype, out_dtype, intrin.name, intrin.lanes, intrin.table_bytes, folded)
+    func = _PARSED.get(key)
+    if func is None:
+        if len(_PARSED) >= 512:
+            _PARSED.clear()
+        func = _PARSED[key] = _lookup_func(n, in_dtype, out_dtype, intrin, folded)
+    return func.with_attr("global_symbol", name)
+
+
+# kernels parsed once per shape and instruction: a model has hundreds of lookups of a few lengths, and
+# parsing the TVMScript was most of their cost (YOLO11n: 185 parses, 3.5 s)
+_PARSED: dict = {}
+
+
+def _lookup_func(n: int, in_dtype: str, out_dtype: str, intrin, folded: int):
     lanes, table_bytes, slot = intrin.lanes, intrin.table_bytes, intrin.slot
     vectors = n // lanes
     main = vectors * lanes
@@ -44,7 +59,7 @@ def build_lookup(n: int, in_dtype: str, out_dtype: str, intrin, folded: int, nam
 
     attrs = {"lowprec.op": OP, "op_pattern": 8, "lowprec.intrin": f"lowprec_lookup_{intrin.name}",
              "lowprec.lanes": lanes, "lowprec.folded": folded, "lowprec.shape": [n]}
-    return func.with_attr("global_symbol", name).with_attrs(attrs)
+    return func.with_attrs(attrs)
 
 
 def lookup_in_place(out, table, intrin, start, stop, name: str = "looked_up"):

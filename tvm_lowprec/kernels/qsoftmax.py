@@ -136,8 +136,12 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     lanes = permute.lanes
     n, last = shape[axis], shape[-1]
     along_row = axis == len(shape) - 1
-    vectors = n // lanes if along_row else n
-    if last % lanes or vectors > _MAX_UNROLLED:
+    # along a row no vector divides (attention over 197, 250 or 1500 positions), the last vector is
+    # the row's last ``lanes`` elements: it overlaps the one before, its repeated lanes left out of the
+    # sum (a max does not mind them) and its stores writing the values already written
+    tail = along_row and n % lanes != 0 and n >= lanes
+    vectors = -(-n // lanes) if along_row else n
+    if (last % lanes and not tail) or vectors > _MAX_UNROLLED:
         return None
     high, low = exp_tables(float(in_scale))
     vec = f"x{lanes}"
@@ -159,8 +163,9 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     for e in reversed(extents):
         index.insert(0, rest % e)
         rest = rest // e
-    if along_row:  # vector k holds elements k*lanes .. of the row
-        at = lambda k: [*index, tirx.Ramp(tirx.const(k * lanes, "int32"), 1, lanes)]  # noqa: E731
+    if along_row:  # vector k holds elements k*lanes .. of the row (the last: the row's last lanes)
+        start = lambda k: n - lanes if tail and k == vectors - 1 else k * lanes  # noqa: E731
+        at = lambda k: [*index, tirx.Ramp(tirx.const(start(k), "int32"), 1, lanes)]  # noqa: E731
     else:  # vector k holds bin k of ``lanes`` positions along the last axis
         def at(k):
             spatial = [*index[:-1], tirx.Ramp(index[-1] * lanes, 1, lanes)]
@@ -184,8 +189,12 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
         return high_part * table_lookup(permute, low, bind(f"l{k}", d & splat(15, "int32")))
 
     exps = [bind(f"e{k}", exp(k)) for k in range(vectors)]
-    total = exps[0]
-    for e in exps[1:]:  # in k order: the scheduled kernel's order (its partial sums per lane)
+    summed = list(exps)
+    if tail:  # the overlapping vector's lanes before (vectors - 1) * lanes are counted already
+        fresh = tirx.Ramp(tirx.const(n - lanes, "int32"), 1, lanes) >= splat((vectors - 1) * lanes, "int32")
+        summed[-1] = tirx.Select(fresh, exps[-1], splat(0.0, "float32"))
+    total = summed[0]
+    for e in summed[1:]:  # in k order: the scheduled kernel's order (its partial sums per lane)
         total = total + e
     if along_row:
         total = bind("lane_sum", total)

@@ -484,8 +484,10 @@ def quantize_with_plans(mod: tvm.IRModule, calibration_data=None, config: QuantC
                         observations=None, validation_data=None, target="native", progress: bool = True):
     """:func:`quantize`, also returning the :class:`~.insert_qdq.LayerPlan` of every layer left quantized
     (what :func:`~.export_onnx.export_qdq` writes into the ONNX graph)."""
+    from ..frontend.relax_module import prepare_module
     from .calibrate import CalibrationError
 
+    mod = prepare_module(mod)  # a TVM frontend's weights kept as inputs: bound as constants
     explicit = config is not None
     config = config if explicit else QuantConfig.for_target(target)
     _selected_outputs(mod, config)  # unknown target_outputs: an error before calibration

@@ -159,8 +159,10 @@ def accuracy_report(fp32_mod: tvm.IRModule, quantized_mod: tvm.IRModule, inputs,
     (an iterable of samples, as for calibration)."""
     from tqdm.auto import tqdm
 
+    from ..frontend.relax_module import prepare_module
     from .quantize import output_names
 
+    fp32_mod, quantized_mod = prepare_module(fp32_mod), prepare_module(quantized_mod)
     layers = ptq_layers(quantized_mod)
     var_names = [v for _, _, v, _, _ in layers]
     fp32 = _observing(prepare(fp32_mod), var_names, target)

@@ -427,8 +427,11 @@ def tune(mod, target="native", *, trials: int = 64, work_dir="tuning", num_threa
     the time is."""
     from tqdm.auto import tqdm
 
+    from ..frontend.relax_module import prepare_module
+
     if trials < 1:
         raise ValueError(f"trials must be at least 1, not {trials}")
+    mod = prepare_module(mod)  # a TVM frontend's weights kept as inputs: bound as constants
     if cost_model not in COST_MODELS:
         raise ValueError(f"cost_model must be one of {', '.join(COST_MODELS)}, not {cost_model!r}")
     if (rpc_tracker is None) != (rpc_key is None):
