@@ -50,6 +50,21 @@ def test_runtime_weights_take_the_packed_kernel_exactly(a_shape, b_shape, b_dtyp
     assert len(np.unique(got)) > 20
 
 
+@pytest.mark.parametrize("k,expected", [(64, "float32"), (4096, "float")])
+def test_runtime_operands_requantize_in_float32_where_every_value_keeps_it_exact(k, expected, rng):
+    """Both operands at run time: float32's fused multiply-add where ``K * max|a - za| * max|b - zb|``
+    stays below 2^24 (attention's score GEMM, K = 64), float64 beyond; exact against onnx.reference."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _qlinear_matmul_runtime_b((2, 16, k), (2, k, 32), "uint8", 131)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    gemm = [f for gv, f in compiled._lowered.functions.items() if gv.name_hint.startswith("qgemm")]
+    assert [str(f.attrs["lowprec.requant"]) for f in gemm] == [expected]
+    a = rng.integers(0, 256, (2, 16, k)).astype(np.uint8)
+    b = rng.integers(0, 256, (2, k, 32)).astype(np.uint8)
+    np.testing.assert_array_equal(compiled(a, b)[0], ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0])
+
+
 def _fp32_attention(seq=32, d=64, seed=0):
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), n) for n in ("Wq", "Wk", "Wv")]
