@@ -29,6 +29,8 @@ from .tune import tune
 from .kernels import Epilogue, QGemmProblem
 from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
 from .native_build import build_executable
+from . import pipeline, transform  # noqa: F401  (tvm_lowprec.pipeline(target): TVM's relax_pipeline form)
+from .transform import tvm_target
 from .unaligned_inputs import unaligned_inputs
 from . import cache as _cache
 from .errors import SavedModelError, SavedModelHostError, SavedModelVersionError
@@ -241,6 +243,9 @@ __all__ = [
     "InputSpec",
     "KernelInfo",
     "KernelBuildError",
+    "pipeline",
+    "transform",
+    "tvm_target",
     "LowPrecError",
     "SavedModelError",
     "SavedModelHostError",

@@ -103,6 +103,12 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
     mod = dequantize_per_use_module(integer_mean_module(finite_quantize_module(mod)))
+    return legalize_and_fuse(mod)
+
+
+def legalize_and_fuse(mod):
+    """Phase 2: TVM's legalization (our quantize), our constant folder, fusion at most
+    :data:`MAX_FUSED_OPS` deep."""
     with _fusion_depth(MAX_FUSED_OPS):
         return tvm.transform.Sequential(
             [
@@ -145,3 +151,18 @@ def lowering_passes(target):
     """Phase 4 (TVM's own lowering for the target's device: CPU, or CUDA with its CUDA-graph rewrite)."""
     backend = _LOWERING["cuda" if target.kind.name == "cuda" else "cpu"]
     return tvm.transform.Sequential(backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
+
+
+class _CallablePipeline(type(tvm)):
+    """This module, callable: ``tvm_lowprec.pipeline(target)`` is :func:`tvm_lowprec.transform.pipeline`
+    (TVM's ``relax_pipeline`` form), while ``tvm_lowprec.pipeline.high_level`` and the rest stay here."""
+
+    def __call__(self, *args, **kwargs):
+        from .transform import pipeline
+
+        return pipeline(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallablePipeline
