@@ -65,6 +65,25 @@ def test_runtime_operands_requantize_in_float32_where_every_value_keeps_it_exact
     np.testing.assert_array_equal(compiled(a, b)[0], ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0])
 
 
+def test_a_large_score_gemm_takes_its_row_sums_from_the_graph_and_stays_exact(rng):
+    """An accumulator past ROWSUM_INPUT_BYTES with a short K (attention's scores at long lengths): the row
+    sums are an input of the kernel (its epilogue then runs per tile), the result still exact."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tvm_lowprec.quant.qdq_to_integer import ROWSUM_INPUT_BYTES
+
+    a_shape, b_shape = (2, 1100, 64), (2, 64, 1000)
+    assert 2 * 1100 * 1000 * 4 > ROWSUM_INPUT_BYTES
+    model = _qlinear_matmul_runtime_b(a_shape, b_shape, "uint8", 131)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    gemm = [f for gv, f in compiled._lowered.functions.items() if gv.name_hint.startswith("qgemm")]
+    assert len(gemm) == 1 and "rowsum" in [p.name for p in gemm[0].params]
+    assert 'T.sblock("rowsum")' not in gemm[0].script()  # no pass of its own over A inside the kernel
+    a = rng.integers(0, 256, a_shape).astype(np.uint8)
+    b = rng.integers(0, 256, b_shape).astype(np.uint8)
+    np.testing.assert_array_equal(compiled(a, b)[0], ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0])
+
+
 def _fp32_attention(seq=32, d=64, seed=0):
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), n) for n in ("Wq", "Wk", "Wv")]

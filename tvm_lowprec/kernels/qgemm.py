@@ -132,6 +132,10 @@ class QGemmProblem:
     # the batch is a grouped convolution's groups: constant weights, every per-column parameter per group
     # ([batch, N]), and the output ``[M, batch, N]`` (group-major channels, as NHWC has them)
     grouped: bool = False
+    # with a row term: the row sums of A are a kernel input ``rowsum`` ([batch.., M] int32, after
+    # ``corr``), made by the graph beforehand, so the epilogue joins the GEMM's tiles instead of a pass of
+    # its own over the whole int32 accumulator (Whisper's 6x1500x1500 scores: 54 MB out to memory and back)
+    rowsum_input: bool = False
 
     def __post_init__(self):
         if min(self.m, self.n, self.k) < 1 or self.batch < 0:
@@ -455,9 +459,13 @@ def build_qgemm(problem: QGemmProblem, layout: GemmLayout, name: str = "qgemm"):
         zcoef = te.placeholder((lay.np_,), "int32", name="zcoef")
         args.append(zcoef)
         terms.append(lambda b, m, n: a_zp[0] * zcoef[n])
+    if p.row_term and p.rowsum_input:
+        rowsum = te.placeholder(lead + (p.m,), "int32", name="rowsum")
+        args.insert(args.index(corr) + 1, rowsum)
     acc = _gemm(p, lay, A, Bp, len(lead))
     if p.row_term:
-        rowcoef, rowsum = _row_sum(p, A, lay.np_, len(lead))
+        rowcoef, in_kernel = _row_sum(p, A, lay.np_, len(lead))
+        rowsum = rowsum if p.rowsum_input else in_kernel
         args.append(rowcoef)
         terms.append(lambda b, m, n: rowcoef[n] * (rowsum[(*b, m)] + lay.a_offset * p.k))
 

@@ -722,8 +722,12 @@ def emit_runtime_packed(builder, match: RuntimeQMatmul, spec: TargetSpec):
     zb_p = int(zw) - b_off
     epilogue = Epilogue("requant", out_dtype, zero_point=int(zy))
     mult = np.float32(np.float32(sx) * np.float32(sw)) / np.float32(sy)
+    # a row term whose accumulator would not stay in cache: the row sums made beforehand (a reduction over K,
+    # cheap where K is short), so the epilogue joins the GEMM's tiles (rowsum_input)
+    big = batch * m * n * 4 > ROWSUM_INPUT_BYTES and k <= ROWSUM_INPUT_MAX_K and spec.device == "cpu"
     problem = QGemmProblem(m, n, k, dtype_of(match.x), epilogue, row_term=zb_p != 0, batch=batch,
-                           requant_f32=spec.float32_requant and _runtime_float32_exact(match, k, mult))
+                           requant_f32=spec.float32_requant and _runtime_float32_exact(match, k, mult),
+                           rowsum_input=zb_p != 0 and big)
     layout = GemmLayout.choose(problem, spec, None)
     za_p = int(zx) + layout.a_offset
     pack = builder.add_func(build_pack_b(batch, k, n, b_dtype, layout, za_p, zb_p, f"pack_b_{batch}x{k}x{n}"),
@@ -736,9 +740,19 @@ def emit_runtime_packed(builder, match: RuntimeQMatmul, spec: TargetSpec):
     params = epilogue_params(problem, layout, None, np.full(n, -zb_p, np.int32), mult)
     x3 = builder.emit(relax.op.reshape(match.x, (batch, m, k)))
     args = [x3, builder.emit(relax.TupleGetItem(packed, 0)), builder.emit(relax.TupleGetItem(packed, 1))]
+    if problem.rowsum_input:
+        args.append(builder.emit(relax.op.sum(relax.op.astype(x3, "int32"), axis=[-1])))
     args += [relax.const(v) for v in params]
     y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((batch, m, n), out_dtype)))
     return builder.emit(relax.op.reshape(y, (*lead, n)))
+
+
+# The runtime-operand GEMM's int32 accumulator, from which size its row sums come from outside the kernel
+# (so its epilogue runs per tile): Whisper's 6x250x250 scores (1.5 MB) gained nothing, its 6x1500x1500
+# (54 MB) spent most of their time writing and reading it. Only where K is short: the graph's reduction
+# over K costs a pass over A (the probabilities' 1500 would cost more than it saves).
+ROWSUM_INPUT_BYTES = 8 << 20
+ROWSUM_INPUT_MAX_K = 256
 
 
 def _runtime_float32_exact(match: RuntimeQMatmul, k: int, mult) -> bool:
