@@ -193,8 +193,7 @@ def load_emulated(lib, semantics=None):
 def emulated_executable(lowered, executable, target, semantics=None):
     """A Relax VM executable running ``lowered`` (the module ``tvm.compile`` made ``executable``
     from) with the kernel library of ``executable`` emulated. Returns ``(executable, report)``."""
-    from tvm import relax
-    from tvm.relax import vm_build
+    from .native_build import link_vm
 
     kernel_libs = [m for m in executable.mod.imports if m.kind == "llvm"]
     if len(kernel_libs) != 1:
@@ -203,8 +202,4 @@ def emulated_executable(lowered, executable, target, semantics=None):
     attrs = dict(lowered.attrs) if lowered.attrs else {}
     if attrs.get("external_mods"):
         raise EmulationError("modules with external (BYOC) libraries cannot be emulated")
-    builder = relax.ExecBuilder()
-    vm_build._vmcodegen(builder, lowered, "bytecode")  # the same bytecode tvm.compile emitted
-    params = dict(attrs.get("const_name_to_constant", {}))
-    linked = vm_build._ffi_api.VMLink(builder, target, module, [], params)
-    return vm_build.VMExecutable(linked), report
+    return link_vm(lowered, target, module), report  # the same bytecode tvm.compile emitted

@@ -192,23 +192,29 @@ def build_executable(lowered, target):
     if not isolated() or attrs.get("external_mods"):
         executable = tvm.compile(lowered, target=target, relax_pipeline=None)
         return executable, executable
-    params = dict(attrs.get("const_name_to_constant", {}))
-
-    def codegen():
-        builder = relax.ExecBuilder()
-        return builder, vm_build._vmcodegen(builder, lowered, "bytecode")
-
-    builder, with_tir = codegen()
-    tir_mod = vm_build._filter_tir(with_tir)
+    builder = relax.ExecBuilder()
+    tir_mod = vm_build._filter_tir(vm_build._vmcodegen(builder, lowered, "bytecode"))
     if tir_mod is None or not tir_mod.get_global_vars():
-        executable = vm_build.VMExecutable(vm_build._ffi_api.VMLink(builder, target, None, [], params))
+        executable = link_vm(lowered, target, None, builder)
         return executable, executable
-    tir_mod = vm_build._auto_attach_system_lib_prefix(tir_mod, target, None)
-    lib, loaded = kernel_library(tir_mod, target)
-    executable = vm_build.VMExecutable(vm_build._ffi_api.VMLink(builder, target, lib, [], params))
-    run_builder, _ = codegen()  # a builder is consumed by its link: the same bytecode again
-    runnable = vm_build.VMExecutable(vm_build._ffi_api.VMLink(run_builder, target, loaded, [], params))
-    return executable, runnable
+    lib, loaded = kernel_library(vm_build._auto_attach_system_lib_prefix(tir_mod, target, None), target)
+    # a builder is consumed by its link: the runnable one links the same bytecode again
+    return link_vm(lowered, target, lib, builder), link_vm(lowered, target, loaded)
+
+
+def link_vm(lowered, target, kernels, builder=None):
+    """The Relax VM executable of ``lowered``'s bytecode (as ``tvm.compile`` emits it) on the kernel
+    module ``kernels`` (TVM's LLVM module, a loaded library, an emulated one), its constants linked in.
+    ``builder``: one that already holds ``lowered``'s bytecode (else it is emitted here)."""
+    from tvm import relax
+    from tvm.relax import vm_build
+
+    if builder is None:
+        builder = relax.ExecBuilder()
+        vm_build._vmcodegen(builder, lowered, "bytecode")
+    attrs = dict(lowered.attrs) if lowered.attrs else {}
+    params = dict(attrs.get("const_name_to_constant", {}))
+    return vm_build.VMExecutable(vm_build._ffi_api.VMLink(builder, target, kernels, [], params))
 
 
 def text_in_child(make: Callable[[], str], what: str) -> str:
@@ -250,4 +256,4 @@ def export_in_child(executable, path: str, **kwargs) -> str:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["build_executable", "export_in_child", "isolated", "kernel_library", "run_in_child", "text_in_child"]
+__all__ = ["build_executable", "export_in_child", "isolated", "kernel_library", "link_vm", "run_in_child", "text_in_child"]

@@ -523,11 +523,16 @@ def float32_bound_terms(match) -> tuple | None:
     ep = match.epilogue
     if ep.kind != "requant" or ep.mode != "float":
         return None
-    info = np.iinfo(dtype_of(match.x))
     za = int(np.asarray(match.x_zero_point).reshape(-1)[0])
     w = match.weight.values.astype(np.int64) - np.asarray(match.weight.zero_point, np.int64).reshape(1, -1)
     bias = 0 if match.bias_int is None else match.bias_int
-    return np.abs(w).sum(axis=0), max(za - int(info.min), int(info.max) - za), bias
+    return np.abs(w).sum(axis=0), _reach(dtype_of(match.x), za), bias
+
+
+def _reach(dtype: str, zero_point) -> int:
+    """The largest ``|q - zero_point|`` over the codes of ``dtype``."""
+    info = np.iinfo(dtype)
+    return max(int(zero_point) - int(info.min), int(info.max) - int(zero_point))
 
 
 def _float32_exact(match: QGemmMatch) -> bool:
@@ -762,13 +767,8 @@ def _runtime_float32_exact(match: RuntimeQMatmul, k: int, mult) -> bool:
     multiply-add in the epilogue (Whisper's 6x250x250x64 on one thread of the Zen 4: 353-403 -> 265 us a
     call; 6x250x64x250 168 -> 140 us)."""
     sx, zx, sw, zw, sy, zy = match.const_params
-
-    def reach(dtype, zero_point):
-        info = np.iinfo(dtype)
-        return max(int(zero_point) - int(info.min), int(info.max) - int(zero_point))
-
-    column = np.full(1, k * reach(dtype_of(match.w), zw), np.float64)
-    return float32_requant_exact(column, reach(dtype_of(match.x), zx), 0, np.full(1, mult, np.float64))
+    column = np.full(1, k * _reach(dtype_of(match.w), zw), np.float64)
+    return float32_requant_exact(column, _reach(dtype_of(match.x), zx), 0, np.full(1, mult, np.float64))
 
 
 def _is_matmul(call) -> bool:
