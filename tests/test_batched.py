@@ -84,6 +84,49 @@ def test_a_large_score_gemm_takes_its_row_sums_from_the_graph_and_stays_exact(rn
     np.testing.assert_array_equal(compiled(a, b)[0], ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0])
 
 
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 24, 64), (2, 64, 1500)), ((3, 37, 64), (3, 64, 120)), ((2, 40, 64), (2, 64, 1012))],
+                         ids=["whisper-columns", "120-columns", "1012-columns"])
+def test_a_gemm_whose_columns_no_vector_divides_ends_on_an_overlapping_vector(a_shape, b_shape, rng):
+    """N that no vector divides (Whisper's 1500 positions): where the last panel has a whole vector of
+    real columns, the epilogue's last vector starts at ``N - lanes``, overlapping the one before it,
+    instead of a per-lane predicate that kept the whole epilogue scalar; exact against onnx.reference.
+    B's zero point 128 has no row term: the epilogue joins the tiles at any size."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _qlinear_matmul_runtime_b(a_shape, b_shape, "uint8", 128)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    (gemm,) = [f for gv, f in compiled._lowered.functions.items() if gv.name_hint.startswith("qgemm")]
+    n, lanes, nr = b_shape[-1], int(gemm.attrs["lowprec.vector"][0]), int(gemm.attrs["lowprec.tile"][1])
+    overlaps = n % lanes != 0 and not 0 < n % (lanes * nr) < lanes
+    assert (f", {n - lanes}) + " in gemm.script()) == overlaps, (lanes, nr)  # the vector's start: min(start, N - lanes)
+    a = rng.integers(0, 256, a_shape).astype(np.uint8)
+    b = rng.integers(0, 256, b_shape).astype(np.uint8)
+    np.testing.assert_array_equal(compiled(a, b)[0], ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0])
+
+
+def test_the_overlapping_column_vector_applies_to_whisper_scores_on_every_x86_row():
+    """The rewrite's condition from each x86 row's data (lanes, the layout's column groups) on Whisper's
+    6x1500x1500x64 scores: it applies on every row that has one, whatever this host is."""
+    from tvm_lowprec.kernels.qgemm import Epilogue, GemmLayout, QGemmProblem, build_qgemm
+    from tvm_lowprec.schedule import schedule_func
+    from tvm_lowprec.schedule.column_tail import overlap_column_tail
+
+    from conftest import TARGETS
+
+    problem = QGemmProblem(1500, 1500, 64, "uint8", Epilogue("requant", "uint8", zero_point=3), row_term=True, batch=6,
+                           requant_f32=True, rowsum_input=True)
+    rows = [spec for spec in TARGETS if spec.name.startswith("x86")]
+    assert rows
+    for spec in rows:
+        layout = GemmLayout.choose(problem, spec, None)
+        scheduled = schedule_func(build_qgemm(problem, layout, "scores"), spec).mod["main"]
+        epilogue = overlap_column_tail(scheduled).script().split('sblock("epilogue")')[1]
+        where = next((line for line in epilogue.splitlines() if "T.where(" in line), "")
+        column = next(line for line in epilogue.splitlines() if line.strip().startswith("v_i2 ="))
+        # the column: min(start, N - lanes) + lane; the predicate: rows only (no lane in it)
+        assert f", {1500 - layout.lanes}) + " in column and column.split(" + ")[-1].rstrip(")") not in where, (spec.name, column, where)
+
+
 def _fp32_attention(seq=32, d=64, seed=0):
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), n) for n in ("Wq", "Wk", "Wv")]

@@ -41,6 +41,7 @@ from .quant.row_ops import row_ops_module
 from .quant.through_concat import through_concat_module
 from .quant.weight_only import weight_only_module
 from .schedule import schedule_func
+from .schedule.column_tail import overlap_column_tail
 from .schedule.generic import ATTR as GENERIC
 from .schedule.lookup_epilogue import attach, gemm_part, is_fused
 
@@ -69,7 +70,7 @@ def schedule_module(spec, tuned=None):
             if sch is None:  # no rule accepts it: TVM lowers its loops as written (serial, scalar)
                 updates[gvar] = (fused if fused is not None else func).with_attr("lowprec.schedule", "none")
                 continue
-            scheduled = sch.mod["main"]
+            scheduled = overlap_column_tail(sch.mod["main"])  # a qgemm's last column vector unpredicated
             if fused is not None:
                 scheduled = attach(scheduled, fused, spec.lookup_intrin)
             scheduled = scheduled.with_attr("tir.is_scheduled", True)

@@ -93,7 +93,7 @@ def build_qsoftmax(shape, in_dtype: str, in_scale: float, out_dtype: str, out_sc
     return func.with_attr("global_symbol", name).with_attrs(attrs)
 
 
-_MAX_UNROLLED = 64  # vectors per work item: a longer row (or more bins) keeps the scheduled kernel
+_MAX_UNROLLED = 64  # vectors per work item: a longer row takes the loop form (more bins: the scheduled kernel)
 _MIN_PARALLEL = 1 << 12  # elements: below this the work items run serially (a fork costs more)
 _TINY = 2.0 ** -60  # table entries below this are 0: the exponentials they make are below it too, which a
 # sum with its maximum's exp(0) = 1 cannot see, and no product of two kept entries is subnormal
@@ -118,6 +118,40 @@ def _opaque(value):
     reader made the statement simplifier's work grow with the square of the row's vectors (a row of
     128 on ymm: 53 s to compile)."""
     return tirx.call_llvm_intrin(str(value.ty), "llvm.ssa.copy", value)
+
+
+def _table_exp(permute, high, low, d, bind, suffix: str):
+    """``exp(-s d) = H[d >> 4] * L[d & 15]`` for an ``int32`` vector ``d`` (each index bound by
+    ``bind``: the selects of a ymm lookup read it twice)."""
+    lanes = permute.lanes
+    splat = lambda v: tirx.Broadcast(tirx.const(v, "int32"), lanes)  # noqa: E731
+    high_part = table_lookup(permute, high, bind(f"h{suffix}", d >> splat(4)))
+    return high_part * table_lookup(permute, low, bind(f"l{suffix}", d & splat(15)))
+
+
+def _lane_reduce(vector, lanes: int, combine):
+    """The lanes of ``vector`` combined in lane order (lane 0 first), as a scalar."""
+    scalar = tirx.Shuffle([vector], [tirx.IntImm("int32", 0)])
+    for i in range(1, lanes):
+        scalar = combine(scalar, tirx.Shuffle([vector], [tirx.IntImm("int32", i)]))
+    return scalar
+
+
+def _output_scale(total_scalar, out_scale: float, lanes: int):
+    """``1 / (sum * scale_out)`` broadcast, bound opaque (read by every output vector)."""
+    inverse = tirx.const(1.0, "float32") / (total_scalar * tirx.const(float(np.float32(out_scale)), "float32"))
+    return _opaque(tirx.Broadcast(inverse, lanes))
+
+
+def _items_func(func, x, y, item, count: int, stmts, permute):
+    """The kernel: ``for item in range(count)`` around ``stmts`` (parallel where the tensor is large
+    enough), in the root block Relax's analyses expect of a PrimFunc, with ``func``'s attributes."""
+    kind = tirx.ForKind.PARALLEL if math.prod(int(v) for v in x.shape) >= _MIN_PARALLEL else tirx.ForKind.SERIAL
+    body = tirx.For(item, 0, count, kind, tirx.SeqStmt(stmts))
+    body = SBlockRealize([], True, SBlock([], [], [], "root", body))
+    attrs = dict(func.attrs)
+    attrs.update({"lowprec.exp": f"table_{permute.name}", "tir.noalias": True})
+    return tirx.PrimFunc([x, y], body).with_attrs(attrs)
 
 
 def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
@@ -175,20 +209,10 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     for c in codes[1:]:
         top = tirx.max(top, c)
     if along_row:  # the row's maximum from the lanes' maxima, broadcast back
-        lane = lambda v, i: tirx.Shuffle([v], [tirx.IntImm("int32", i)])  # noqa: E731
-        top = bind("lane_max", top)
-        scalar = lane(top, 0)
-        for i in range(1, lanes):
-            scalar = tirx.max(scalar, lane(top, i))
-        top = _opaque(tirx.Broadcast(scalar, lanes))
+        top = _opaque(tirx.Broadcast(_lane_reduce(bind("lane_max", top), lanes, tirx.max), lanes))
     top = bind("top", top)
 
-    def exp(k):  # exp(-s d) = H[d >> 4] * L[d & 15], d = top - q_k (each index bound: the selects read it)
-        d = top - codes[k]
-        high_part = table_lookup(permute, high, bind(f"h{k}", d >> splat(4, "int32")))
-        return high_part * table_lookup(permute, low, bind(f"l{k}", d & splat(15, "int32")))
-
-    exps = [bind(f"e{k}", exp(k)) for k in range(vectors)]
+    exps = [bind(f"e{k}", _table_exp(permute, high, low, top - codes[k], bind, str(k))) for k in range(vectors)]
     summed = list(exps)
     if tail:  # the overlapping vector's lanes before (vectors - 1) * lanes are counted already
         fresh = tirx.Ramp(tirx.const(n - lanes, "int32"), 1, lanes) >= splat((vectors - 1) * lanes, "int32")
@@ -197,12 +221,7 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     for e in summed[1:]:  # in k order: the scheduled kernel's order (its partial sums per lane)
         total = total + e
     if along_row:
-        total = bind("lane_sum", total)
-        scalar = tirx.Shuffle([total], [tirx.IntImm("int32", 0)])
-        for i in range(1, lanes):
-            scalar = scalar + tirx.Shuffle([total], [tirx.IntImm("int32", i)])
-        inverse = _opaque(tirx.Broadcast(tirx.const(1.0, "float32") / (scalar * tirx.const(float(np.float32(out_scale)),
-                                                                                            "float32")), lanes))
+        inverse = _output_scale(_lane_reduce(bind("lane_sum", total), lanes, lambda a, b: a + b), out_scale, lanes)
     else:
         inverse = _opaque(splat(1.0, "float32") / (total * splat(float(np.float32(out_scale)), "float32")))
     inverse = bind("inverse", inverse)
@@ -210,9 +229,101 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
         q = quantize_linear(exps[k] * inverse, 1.0, int(zero_point), int(qmin), int(qmax), str(y_buf.dtype),
                             round_to_int, bounds=(0.0, 1.0 / float(np.float32(out_scale))))
         stmts.append(tirx.BufferStore(y, q, at(k)))
-    kind = tirx.ForKind.PARALLEL if math.prod(shape) >= _MIN_PARALLEL else tirx.ForKind.SERIAL
-    body = tirx.For(item, 0, math.prod(extents), kind, tirx.SeqStmt(stmts))
-    body = SBlockRealize([], True, SBlock([], [], [], "root", body))  # what Relax's analyses expect of a PrimFunc
-    attrs = dict(func.attrs)
-    attrs.update({"lowprec.exp": f"table_{permute.name}", "tir.noalias": True})
-    return tirx.PrimFunc([x, y], body).with_attrs(attrs)
+    return _items_func(func, x, y, item, math.prod(extents), stmts, permute)
+
+
+def build_qsoftmax_row_loop(func, permute, round_to_int: str | None = None):
+    """The softmax ``func`` (:func:`build_qsoftmax`) along the last axis of rows longer than
+    :func:`build_qsoftmax_vectors` unrolls (Whisper's 1500 frames, 577 or 1024 tokens) as the same
+    vector code in loops, one work item a row::
+
+        top = max over the row's vectors (a vector of lane maxima, then its lanes)
+        for k: e_k = H[(top - q_k) >> 4] * L[(top - q_k) & 15]; kept in a row buffer; lane sums += e_k
+        for k: y_k = quantize(e_k / (sum * scale_out))
+
+    The same tables, sums in the same order (lane partial sums in k order, then the lanes), the same
+    quantization; a row no vector divides ends with the overlapping vector, as in the unrolled form.
+    None where the softmax is not along the last axis or the row is shorter than a vector."""
+    x_buf, y_buf = func.params
+    shape = [int(v) for v in x_buf.shape]
+    in_scale, out_scale, zero_point, qmin, qmax = func.attrs["lowprec.softmax"]
+    lanes, n = permute.lanes, shape[-1]
+    if int(func.attrs["lowprec.axis"]) != len(shape) - 1 or n < lanes:
+        return None
+    full, tail = n // lanes, n % lanes != 0
+    vectors = full + tail
+    high, low = exp_tables(float(in_scale))
+    vec = f"x{lanes}"
+    splat = lambda v, dtype: tirx.Broadcast(tirx.const(v, dtype), lanes)  # noqa: E731
+    x = tirx.decl_buffer(shape, x_buf.dtype, "x")
+    y = tirx.decl_buffer(shape, y_buf.dtype, "y")
+    item = tirx.Var("item", "int32")
+    rows = math.prod(shape[:-1])
+    index = []
+    rest = item
+    for e in reversed(shape[:-1]):
+        index.insert(0, rest % e)
+        rest = rest // e
+    ramp = lambda start: tirx.Ramp(start, 1, lanes)  # noqa: E731
+    code = lambda start: tirx.BufferLoad(x, [*index, ramp(start)]).astype("int32" + vec)  # noqa: E731
+    last = tirx.const(n - lanes, "int32")  # the tail vector's first element
+    zero = tirx.const(0, "int32")
+    stmts = []
+
+    def bind(name, value):
+        var = tirx.Var(name, value.ty)
+        stmts.append(tirx.Bind(var, value))
+        return var
+
+    def loop(name, start, stop, make):  # for k in range(start, stop): make(k) appends the body (its binds inside)
+        nonlocal stmts
+        if stop <= start:
+            return
+        k = tirx.Var(name, "int32")
+        outer, stmts = stmts, []
+        make(k)
+        body, stmts = (tirx.SeqStmt(stmts) if len(stmts) > 1 else stmts[0]), outer
+        stmts.append(tirx.For(k, start, stop - start, tirx.ForKind.SERIAL, body))
+
+    def local(name, dtype, size):
+        buf = tirx.decl_buffer((size,), dtype, name, scope="local")
+        stmts.append(tirx.AllocBuffer(buf))
+        return buf
+
+    whole = ramp(zero)
+    top_lanes = local("lane_max", "int32", lanes)
+    stmts.append(tirx.BufferStore(top_lanes, code(zero), [whole]))
+    loop("kmax", 1, full, lambda k: stmts.append(
+        tirx.BufferStore(top_lanes, tirx.max(tirx.BufferLoad(top_lanes, [whole]), code(k * lanes)), [whole])))
+    lane_max = tirx.BufferLoad(top_lanes, [whole])
+    if tail:
+        lane_max = tirx.max(lane_max, code(last))
+    top = bind("top", _opaque(tirx.Broadcast(_lane_reduce(bind("lanes_max", lane_max), lanes, tirx.max), lanes)))
+    exps = local("exps", "float32", vectors * lanes)
+    sums = local("lane_sum", "float32", lanes)
+    stmts.append(tirx.BufferStore(sums, splat(0.0, "float32"), [whole]))
+
+    def exponentials(k):
+        e = bind("e", _table_exp(permute, high, low, top - code(k * lanes), bind, ""))
+        stmts.append(tirx.BufferStore(exps, e, [ramp(k * lanes)]))
+        stmts.append(tirx.BufferStore(sums, tirx.BufferLoad(sums, [whole]) + e, [whole]))
+
+    loop("kexp", 0, full, exponentials)
+    lane_sum = tirx.BufferLoad(sums, [whole])
+    if tail:  # the overlapping vector: stored whole, its lanes before full * lanes left out of the sum
+        e = bind("e_tail", _table_exp(permute, high, low, top - code(last), bind, "_tail"))
+        stmts.append(tirx.BufferStore(exps, e, [ramp(tirx.const(full * lanes, "int32"))]))
+        fresh = tirx.Ramp(last, 1, lanes) >= splat(full * lanes, "int32")
+        lane_sum = lane_sum + tirx.Select(fresh, e, splat(0.0, "float32"))
+    inverse = bind("inverse", _output_scale(_lane_reduce(bind("lanes_sum", lane_sum), lanes, lambda a, b: a + b),
+                                            out_scale, lanes))
+
+    def quantize(start, at):
+        q = quantize_linear(tirx.BufferLoad(exps, [ramp(start)]) * inverse, 1.0, int(zero_point), int(qmin), int(qmax),
+                            str(y_buf.dtype), round_to_int, bounds=(0.0, 1.0 / float(np.float32(out_scale))))
+        stmts.append(tirx.BufferStore(y, q, [*index, ramp(at)]))
+
+    loop("kout", 0, full, lambda k: quantize(k * lanes, k * lanes))
+    if tail:
+        quantize(tirx.const(full * lanes, "int32"), last)
+    return _items_func(func, x, y, item, rows, stmts, permute)

@@ -9,6 +9,9 @@ code with the exponentials from two 16-entry tables
       inverse = 1 / (sum_k e_k * scale_out)  # sums in the order of the scheduled kernel's
       y[item, k] = quantize(e_k * inverse)
 
+A row longer than the unrolled form takes (64 vectors) is the same code in loops
+(:func:`~tvm_lowprec.kernels.qsoftmax.build_qsoftmax_row_loop`: Whisper's 1500 frames).
+
 Declines a softmax on a row without a permute (:attr:`~tvm_lowprec.hwspec.TargetSpec.register_permute`:
 the Arm rows) or of a shape the vectors do not fit (the row rule,
 :class:`~tvm_lowprec.schedule.rows.RowOpRule`, schedules it), and every other function.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
-from ..kernels.qsoftmax import build_qsoftmax_vectors
+from ..kernels.qsoftmax import build_qsoftmax_row_loop, build_qsoftmax_vectors
 
 
 class VectorSoftmaxRule:
@@ -27,5 +30,8 @@ class VectorSoftmaxRule:
         permute = getattr(spec, "register_permute", None)
         if attrs.get("lowprec.op", None) != "qsoftmax" or "lowprec.softmax" not in attrs or permute is None:
             return None
-        vectors = build_qsoftmax_vectors(func, permute, spec.round_to_int)
-        return None if vectors is None else Schedule(vectors)
+        for build in (build_qsoftmax_vectors, build_qsoftmax_row_loop):  # unrolled where the row fits, else loops
+            vectors = build(func, permute, spec.round_to_int)
+            if vectors is not None:
+                return Schedule(vectors)
+        return None
