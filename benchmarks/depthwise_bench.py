@@ -61,9 +61,14 @@ def load_version(path):
 
 def build(version, g, ep, zx, spec, threads, params):
     problem = version.kernel.DepthwiseProblem(g, "uint8", ep)
-    try:
+    import inspect
+
+    names = list(inspect.signature(version.kernel.build_depthwise).parameters)
+    if "pad_value" not in names:  # the zero points are parameters (depthwise_params' arrays)
+        func = version.kernel.build_depthwise(problem, "dw", params)
+    elif "params" in names:
         func = version.kernel.build_depthwise(problem, zx, "dw", params)
-    except TypeError:  # a builder without the params argument
+    else:  # a builder without the params argument
         func = version.kernel.build_depthwise(problem, zx, "dw")
     sch = version.rule.apply(func, spec)
     assert sch is not None, "the rule declined"

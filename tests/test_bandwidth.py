@@ -44,9 +44,10 @@ def test_bytes_of_a_quantize_are_its_buffers():
 def test_bytes_of_a_gemm_count_its_weights_and_epilogue_parameters(demo):
     gemm = next(k for k in demo.kernels() if k.name == "qgemm_u8_8x256x128_requant")
     # A [8, 128] u8, packed B 256x128 in the row's storage (s8; s16 where the AVX2 rows widen the
-    # weights for vpmaddwd), per-column correction (s32) and multiplier (f32); C [8, 256] u8
+    # weights for vpmaddwd), per-column correction (s32) and multiplier (f32), the output's zero point
+    # and bounds (3 x s32); C [8, 256] u8
     b_bytes = np.dtype(str(demo._lowered[gemm.name].attrs["lowprec.b_storage"])).itemsize
-    assert (gemm.reads, gemm.writes) == (8 * 128 + 256 * 128 * b_bytes + 256 * 4 + 256 * 4, 8 * 256)
+    assert (gemm.reads, gemm.writes) == (8 * 128 + 256 * 128 * b_bytes + 256 * 4 + 256 * 4 + 3 * 4, 8 * 256)
 
 
 def test_symbolic_shapes_have_no_bytes():

@@ -45,7 +45,7 @@ def _reference(x, w_taps, zw, zx, bias, mult, ep, g):
 def _run(g, a_dtype, ep, x, w_taps, zw, zx, bias, mult, threads=1, spec=None):
     spec = spec or resolve_target("native")
     params = depthwise_params(w_taps, zw, zx, bias, mult, ep)
-    sch = DepthwiseRule().apply(build_depthwise(DepthwiseProblem(g, a_dtype, ep), zx, "dw", params), spec)
+    sch = DepthwiseRule().apply(build_depthwise(DepthwiseProblem(g, a_dtype, ep), "dw", params), spec)
     assert sch is not None
     lib = tvm.compile(sch.mod, target=spec.tvm_target(threads))
     out = tvm.runtime.tensor(np.zeros((g.batch, *g.out_hw, g.channels), ep.out_dtype))
@@ -163,7 +163,7 @@ def test_other_epilogues_and_two_threads(kind, rng):
 def test_schedule_partitions_the_borders_and_vectorizes():
     spec = resolve_target("native")
     g = _geometry(16, (20, 20), 3)
-    func = build_depthwise(DepthwiseProblem(g, "uint8", Epilogue("requant", "uint8")), 0, "dw")
+    func = build_depthwise(DepthwiseProblem(g, "uint8", Epilogue("requant", "uint8")), "dw")
     sch = DepthwiseRule().apply(func, spec)
     kinds = [inst.kind.name for inst in sch.trace.insts]
     assert "Parallel" in kinds and "Vectorize" in kinds

@@ -79,8 +79,11 @@ def test_a_lookup_after_a_convolution_runs_inside_it(spec, c_out, models, monkey
     assert len(np.unique(got)) > 30  # a real range of codes through the table
 
 
-def _fill(rng, buffer):
+def _fill(rng, buffer, out_dtype="uint8"):
     shape, dtype = tuple(int(d) for d in buffer.shape), str(buffer.dtype)
+    if buffer.name == "out_range":  # the requantization's zero point and clamp bounds: the output's whole range
+        info = np.iinfo(out_dtype)
+        return np.array([3, info.min, info.max], np.int32)
     if dtype == "float32":  # requantization multipliers: codes across the range, few clamped
         return rng.uniform(2e-4, 2e-3, shape).astype(np.float32)
     if dtype in ("uint8", "int8"):
@@ -105,8 +108,8 @@ def test_the_fused_kernel_is_the_gemm_then_the_table_on_every_cpu_row(spec, c_ou
     assert str(gemm.params[-1].dtype) == ("int8" if c_out == "int8" else "uint8")
     libs = {name: tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target=spec.tvm_target(2)).mod
             for name, f in (("fused", one), ("gemm", sch.mod["main"]))}
-    args = [_fill(rng, b) for b in gemm.params[:-1]]
     out = gemm.params[-1]
+    args = [_fill(rng, b, str(out.dtype)) for b in gemm.params[:-1]]
     entries = rng.integers(0, 256, 256).astype(np.uint8).view(str(out.dtype))  # entry of code i: entries[i]
     table = spec.lookup_intrin.pack(entries)  # as the row's instruction reads it
     results = {}
@@ -130,8 +133,8 @@ def test_the_unscheduled_fused_function_is_a_whole_kernel(models, rng):
     assert tvm_ffi.structural_equal(gemm, _unfused_gemm(models[16], spec))  # what tuning records are keyed by
     lib, plain = (intrinsic_free_module(tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}),
                                                     target=spec.tvm_target(2)).mod, spec) for f in (fused, gemm))
-    args = [_fill(rng, b) for b in gemm.params[:-1]]
     out = gemm.params[-1]
+    args = [_fill(rng, b, str(out.dtype)) for b in gemm.params[:-1]]
     table = spec.lookup_intrin.pack(np.arange(255, -1, -1).astype(str(out.dtype)))  # reverses the codes
     outs = [tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype))) for _ in range(2)]
     plain["main"](*[tvm.runtime.tensor(a) for a in args], outs[0])

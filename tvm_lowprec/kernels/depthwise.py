@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
-from .qgemm import Epilogue, float32_requant_exact, requant_f32, requantize
+from .qgemm import Epilogue, float32_requant_exact, out_range_param, requant_f32, requantize
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,9 @@ def depthwise_params(w_taps: np.ndarray, w_zero_point, x_zero_point: int, bias_i
             params += list(fixed_point_multiplier(mult))
         else:
             params.append(np.ascontiguousarray(mult))
-    return params
+    # then the requantization's zero point and clamp bounds, and the padding's value (the input's zero
+    # point): parameters, not immediates, so layers of one shape share a kernel
+    return params + out_range_param(epilogue) + [np.array([x_zero_point], np.int32)]
 
 
 def float32_exact(params, a_dtype: str, ep: Epilogue) -> bool:
@@ -71,7 +73,7 @@ def float32_exact(params, a_dtype: str, ep: Epilogue) -> bool:
     return float32_requant_exact(np.abs(w).sum(axis=0), 255.0 if a_dtype == "uint8" else 128.0, corr, mult)
 
 
-def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise", params=None):
+def build_depthwise(p: DepthwiseProblem, name: str = "qdepthwise", params=None):
     """The PrimFunc; ``params`` (:func:`depthwise_params`' arrays, optional) lets a ``"float"`` epilogue
     requantize in float32 where that is exact (:func:`float32_exact`)."""
     f32 = params is not None and float32_exact(params, p.a_dtype, p.epilogue)
@@ -83,6 +85,7 @@ def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise
     x = te.placeholder((batch, h_n, w_n, c_n), p.a_dtype, name="x")
     wq = te.placeholder((kh_n * kw_n, c_n), "int16", name="w")
     corr = te.placeholder((c_n,), "int32", name="corr")
+    pad = te.placeholder((1,), "int32", name="pad_value")  # the input's zero point
     kh = te.reduce_axis((0, kh_n), name="kh")
     kw = te.reduce_axis((0, kw_n), name="kw")
 
@@ -94,7 +97,7 @@ def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise
         # Select, not if_then_else: it vectorizes over C, and loop partitioning removes it inside
         value = x[b, tirx.max(tirx.min(i, h_n - 1), 0), tirx.max(tirx.min(j, w_n - 1), 0), c]
         inside = tirx.all(i >= 0, i < h_n, j >= 0, j < w_n)
-        return tirx.Select(inside, value, tirx.const(pad_value, p.a_dtype)).astype("int32")
+        return tirx.Select(inside, value, pad[0].astype(p.a_dtype)).astype("int32")
 
     acc = te.compute(
         (batch, oh_n, ow_n, c_n),
@@ -102,22 +105,23 @@ def build_depthwise(p: DepthwiseProblem, pad_value: int, name: str = "qdepthwise
         name="acc",
     )
     ep = p.epilogue
-    scale = []
+    scale, out_range = [], []
     if ep.kind == "int32":
         out = te.compute(acc.shape, lambda b, oh, ow, c: acc[b, oh, ow, c] + corr[c], name="epilogue")
     else:
         scale = [te.placeholder((c_n,), "int32" if ep.mode == "fixed_point" else "float32", name="mult")]
         if ep.mode == "fixed_point":
             scale.append(te.placeholder((c_n,), "int32", name="shift"))
+        out_range = [te.placeholder((3,), "int32", name="out_range")]
 
         def requant(b, oh, ow, c):
             if f32:
-                return requant_f32(acc[b, oh, ow, c] + corr[c], ep, scale[0][c])
+                return requant_f32(acc[b, oh, ow, c] + corr[c], ep, scale[0][c], out_range[0])
             shift = scale[1][c] if len(scale) > 1 else None
-            return requantize(acc[b, oh, ow, c] + corr[c], ep, scale[0][c], shift)
+            return requantize(acc[b, oh, ow, c] + corr[c], ep, scale[0][c], shift, out_range[0])
 
         out = te.compute(acc.shape, requant, name="epilogue")
-    func = te.create_prim_func([x, wq, corr, *scale, out])
+    func = te.create_prim_func([x, wq, corr, *scale, *out_range, pad, out])
     attrs = {"lowprec.op": "qdepthwise", "op_pattern": 8, "lowprec.intrin": "none",
              "lowprec.shape": [batch, oh_n, ow_n, c_n, kh_n, kw_n]}
     return func.with_attr("global_symbol", name).with_attrs(attrs)

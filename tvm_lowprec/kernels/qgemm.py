@@ -320,8 +320,10 @@ def _pad_vec(v: np.ndarray, n: int, dtype) -> np.ndarray:
     return out
 
 
-def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, scale, fbias=None, zcoef=None):
-    """The per-column constant arrays the PrimFunc takes after packed B, padded to ``np_``.
+def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, scale, fbias=None, zcoef=None,
+                    with_out_range: bool = True):
+    """The per-column constant arrays the PrimFunc takes after packed B, padded to ``np_``, then the
+    requantization's ``out_range`` (:func:`out_range_param`; ``with_out_range=False`` leaves it out).
 
     ``corr=None``: the weights are packed at run time, which makes ``corr`` too (:mod:`.pack_b`).
     """
@@ -342,13 +344,23 @@ def epilogue_params(problem: QGemmProblem, layout: GemmLayout, corr, rowcoef, sc
         if ep.kind == "float":
             fb = np.zeros(problem.n, np.float32) if fbias is None else np.asarray(fbias, np.float32)
             params.append(_pad_vec(np.broadcast_to(fb, (problem.n,)), np_, np.float32))
-    return params
+    return params + (out_range_param(ep) if with_out_range else [])
 
 
-def requantize(acc, ep: Epilogue, mult, shift=None):
+def out_range_param(ep: Epilogue) -> list[np.ndarray]:
+    """A requantizing qgemm's last parameter, ``out_range = [zero_point, qmin, qmax]`` (int32): kernels
+    of one shape whose layers differ only in these (a transformer's 12 layers) are one kernel, built
+    once; [] for the other epilogues."""
+    return [np.array([ep.zero_point, ep.qmin, ep.qmax], np.int32)] if ep.kind == "requant" else []
+
+
+def requantize(acc, ep: Epilogue, mult, shift=None, out_range=None):
     """The requantizing epilogue of one int32 accumulator value (TE expression); ``shift`` in
-    ``"fixed_point"`` mode, where ``mult`` is the int32 multiplier."""
-    return _requant_fixed(acc, mult, shift, ep) if ep.mode == "fixed_point" else _requant_float(acc, mult, ep)
+    ``"fixed_point"`` mode, where ``mult`` is the int32 multiplier; ``out_range``: the kernel's
+    ``[zero_point, qmin, qmax]`` parameter (:func:`out_range_param`), else ``ep``'s values inline."""
+    if ep.mode == "fixed_point":
+        return _requant_fixed(acc, mult, shift, ep, out_range)
+    return _requant_float(acc, mult, ep, out_range)
 
 
 def target_round_to_int() -> str | None:
@@ -394,11 +406,24 @@ def quantize_linear(y, scale: float, zero_point: int, qmin: int, qmax: int, out_
     return q.astype(out_dtype + lanes)
 
 
-def _requant_float(x, mult, ep: Epilogue):
+def _out_range(ep: Epilogue, out_range=None):
+    """``(zero_point, qmin, qmax)`` of a requantizing epilogue: Python ints from ``ep``, or the loads of
+    a kernel's ``out_range`` parameter (:func:`out_range_param`) where it has one."""
+    if out_range is None:
+        return ep.zero_point, ep.qmin, ep.qmax
+    return out_range[0], out_range[1], out_range[2]
+
+
+def _as(value, dtype: str):
+    return tirx.const(value, dtype) if isinstance(value, int) else value.astype(dtype)
+
+
+def _requant_float(x, mult, ep: Epilogue, out_range=None):
     # int32 -> float64 is exact, and the product rounds once: the same as onnx.reference's
     # QLinearMatMul (float32 multiplier, float64 product, rint = half to even).
+    zp, lo, hi = (_as(v, "float64") for v in _out_range(ep, out_range))
     y = tirx.round(x.astype("float64") * mult.astype("float64"))  # LLVM nearbyint: half to even
-    y = tirx.max(tirx.min(y + float(ep.zero_point), float(ep.qmax)), float(ep.qmin))
+    y = tirx.max(tirx.min(y + zp, hi), lo)
     return y.astype("int32").astype(ep.out_dtype)
 
 
@@ -415,7 +440,7 @@ def float32_requant_exact(column_abs_sum, a_reach: float, bias, mult) -> bool:
     return bool(np.all(np.isfinite(mult)) and np.all(bound < 2.0**24) and np.all(bound * mult < 2.0**22))
 
 
-def requant_f32(x, ep: Epilogue, mult):
+def requant_f32(x, ep: Epilogue, mult, out_range=None):
     """The ``"float"`` requantization (``rint(float64(x) * mult)``, half to even, then the zero point and
     the clamp), exact where :func:`float32_requant_exact` holds: ``x`` converts to float32 exactly, and
     one fused multiply-add rounds the exact ``x * mult + 1.5 * 2**23`` once, to an integer of
@@ -426,16 +451,17 @@ def requant_f32(x, ep: Epilogue, mult):
     p = tirx.call_llvm_pure_intrin("float32", "llvm.fma", x.astype("float32"), mult,
                                    tirx.const(_ROUND_MAGIC, "float32"))
     magic_bits = int(np.array(_ROUND_MAGIC, np.float32).view(np.int32))
-    n = tirx.reinterpret("int32", p) - (magic_bits - ep.zero_point)
-    return tirx.max(tirx.min(n, ep.qmax), ep.qmin).astype(ep.out_dtype)
+    zp, lo, hi = _out_range(ep, out_range)
+    n = tirx.reinterpret("int32", p) - (magic_bits - zp)
+    return tirx.max(tirx.min(n, hi), lo).astype(ep.out_dtype)
 
 
-def _requant_fixed(x, mult, shift, ep: Epilogue):
+def _requant_fixed(x, mult, shift, ep: Epilogue, out_range=None):
+    zp, lo, hi = (_as(v, "int64") for v in _out_range(ep, out_range))
     prod = x.astype("int64") * mult.astype("int64")
     total = shift + 31
     rounded = (prod + (tirx.const(1, "int64") << (total - 1).astype("int64"))) >> total.astype("int64")
-    y = rounded + ep.zero_point
-    y = tirx.max(tirx.min(y, tirx.const(ep.qmax, "int64")), tirx.const(ep.qmin, "int64"))
+    y = tirx.max(tirx.min(rounded + zp, hi), lo)
     return y.astype(ep.out_dtype)
 
 
@@ -546,13 +572,16 @@ def _epilogue(p: QGemmProblem, lay: GemmLayout, total, nb: int):
     if ep.kind == "float":
         scale, fbias = per_column(("scale", "float32"), ("fbias", "float32"))
         return [scale.t, fbias.t], out(lambda b, m, n: total(b, m, n).astype("float32") * scale(b, n) + fbias(b, n))
+    # the zero point and clamp bounds a parameter, not immediates: layers of one shape share a kernel
+    out_range = te.placeholder((3,), "int32", name="out_range")
     if ep.mode == "fixed_point":
         mult, shift = per_column(("mult", "int32"), ("shift", "int32"))
-        return [mult.t, shift.t], out(lambda b, m, n: _requant_fixed(total(b, m, n), mult(b, n), shift(b, n), ep))
+        return [mult.t, shift.t, out_range], out(lambda b, m, n: _requant_fixed(total(b, m, n), mult(b, n), shift(b, n),
+                                                                                 ep, out_range))
     (mult,) = per_column(("mult", "float32"))
     if p.requant_f32:
-        return [mult.t], out(lambda b, m, n: requant_f32(total(b, m, n), ep, mult(b, n)))
-    return [mult.t], out(lambda b, m, n: _requant_float(total(b, m, n), mult(b, n), ep))
+        return [mult.t, out_range], out(lambda b, m, n: requant_f32(total(b, m, n), ep, mult(b, n), out_range))
+    return [mult.t, out_range], out(lambda b, m, n: _requant_float(total(b, m, n), mult(b, n), ep, out_range))
 
 
 @dataclass(frozen=True)
