@@ -143,6 +143,23 @@ def _output_scale(total_scalar, out_scale: float, lanes: int):
     return _opaque(tirx.Broadcast(inverse, lanes))
 
 
+def _item_index(item, extents) -> list:
+    """The index of work item ``item`` over ``extents`` (row-major)."""
+    index, rest = [], item
+    for e in reversed(extents):
+        index.insert(0, rest % e)
+        rest = rest // e
+    return index
+
+
+def _kernel_buffers(func):
+    """``(shape, x, y, item)``: the softmax's input and output buffers declared anew, and the work item."""
+    x_buf, y_buf = func.params
+    shape = [int(v) for v in x_buf.shape]
+    return (shape, tirx.decl_buffer(shape, x_buf.dtype, "x"), tirx.decl_buffer(shape, y_buf.dtype, "y"),
+            tirx.Var("item", "int32"))
+
+
 def _items_func(func, x, y, item, count: int, stmts, permute):
     """The kernel: ``for item in range(count)`` around ``stmts`` (parallel where the tensor is large
     enough), in the root block Relax's analyses expect of a PrimFunc, with ``func``'s attributes."""
@@ -180,9 +197,7 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     high, low = exp_tables(float(in_scale))
     vec = f"x{lanes}"
     splat = lambda v, dtype: tirx.Broadcast(tirx.const(v, dtype), lanes)  # noqa: E731
-    x = tirx.decl_buffer(shape, x_buf.dtype, "x")
-    y = tirx.decl_buffer(shape, y_buf.dtype, "y")
-    item = tirx.Var("item", "int32")
+    _, x, y, item = _kernel_buffers(func)
     stmts = []
 
     def bind(name, value):
@@ -193,10 +208,7 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     # the work items: every axis but the softmax's and the last, and the last in vectors of ``lanes``
     # (along the last axis: the rows, each whole)
     extents = [e for i, e in enumerate(shape[:-1]) if i != axis] + ([] if along_row else [last // lanes])
-    index, rest = [], item
-    for e in reversed(extents):
-        index.insert(0, rest % e)
-        rest = rest // e
+    index = _item_index(item, extents)
     if along_row:  # vector k holds elements k*lanes .. of the row (the last: the row's last lanes)
         start = lambda k: n - lanes if tail and k == vectors - 1 else k * lanes  # noqa: E731
         at = lambda k: [*index, tirx.Ramp(tirx.const(start(k), "int32"), 1, lanes)]  # noqa: E731
@@ -255,15 +267,9 @@ def build_qsoftmax_row_loop(func, permute, round_to_int: str | None = None):
     high, low = exp_tables(float(in_scale))
     vec = f"x{lanes}"
     splat = lambda v, dtype: tirx.Broadcast(tirx.const(v, dtype), lanes)  # noqa: E731
-    x = tirx.decl_buffer(shape, x_buf.dtype, "x")
-    y = tirx.decl_buffer(shape, y_buf.dtype, "y")
-    item = tirx.Var("item", "int32")
+    _, x, y, item = _kernel_buffers(func)
     rows = math.prod(shape[:-1])
-    index = []
-    rest = item
-    for e in reversed(shape[:-1]):
-        index.insert(0, rest % e)
-        rest = rest // e
+    index = _item_index(item, shape[:-1])
     ramp = lambda start: tirx.Ramp(start, 1, lanes)  # noqa: E731
     code = lambda start: tirx.BufferLoad(x, [*index, ramp(start)]).astype("int32" + vec)  # noqa: E731
     last = tirx.const(n - lanes, "int32")  # the tail vector's first element
