@@ -125,6 +125,11 @@ def test_the_overlapping_column_vector_applies_to_whisper_scores_on_every_x86_ro
         column = next(line for line in epilogue.splitlines() if line.strip().startswith("v_i2 ="))
         # the column: min(start, N - lanes) + lane; the predicate: rows only (no lane in it)
         assert f", {1500 - layout.lanes}) + " in column and column.split(" + ")[-1].rstrip(")") not in where, (spec.name, column, where)
+    from tvm_lowprec.targets import registered_targets
+
+    for spec in registered_targets("cuda").values():  # a GPU layout keeps its epilogue as scheduled
+        scheduled = schedule_func(build_qgemm(problem, GemmLayout.choose(problem, spec, None), "scores"), spec).mod["main"]
+        assert overlap_column_tail(scheduled).same_as(scheduled), spec.name
 
 
 def _fp32_attention(seq=32, d=64, seed=0):

@@ -75,6 +75,8 @@ def overlap_column_tail(func):
     attrs = func.attrs if func.attrs is not None else {}
     if attrs.get("lowprec.op", None) != "qgemm" or "lowprec.vector" not in attrs or gemm_rows(func) != 1:
         return func
+    if len(attrs.get("lowprec.block", [])):  # a GPU layout (a block tile): its epilogue is per thread, left as it is
+        return func
     n = int(attrs["lowprec.shape"][1])
     lanes, nr = int(attrs["lowprec.vector"][0]), int(attrs["lowprec.tile"][1])
     if n < lanes or n % lanes == 0 or 0 < n % (lanes * nr) < lanes:
