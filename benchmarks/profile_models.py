@@ -46,7 +46,7 @@ def profile_model(name: str, rounds: int) -> tuple[list[dict], list[np.ndarray]]
         for row in compiled.profile(feed, isolated=True):
             if row["name"] not in best or row["ms"] < best[row["name"]]["ms"]:
                 best[row["name"]] = row
-    return sorted(best.values(), key=lambda r: -r["ms"] * r.get("calls", 1)), outputs
+    return sorted(best.values(), key=lambda r: -r["ms"]), outputs
 
 
 def rate(row: dict, peak: float) -> str:
@@ -59,9 +59,9 @@ def rate(row: dict, peak: float) -> str:
 
 
 def summary(rows: list[dict]) -> dict:
-    total = sum(r["ms"] * r.get("calls", 1) for r in rows)
+    total = sum(r["ms"] for r in rows)  # a row's ms is already its calls' sum per run (Compiled.profile)
     other = [r for r in rows if r.get("op") not in GEMM_OPS]
-    non_gemm = sum(r["ms"] * r.get("calls", 1) for r in other)
+    non_gemm = sum(r["ms"] for r in other)
     slow = sum(1 for r in other if r.get("pct_copy") is not None and r["pct_copy"] < 40)
     return {"kernels_ms": total, "non_gemm_ms": non_gemm, "non_gemm_share": non_gemm / total if total else 0.0,
             "non_gemm_below_40pct_copy": slow, "kernels": len(rows)}

@@ -53,6 +53,11 @@ def assert_matches(got, want, how, model):
         assert_within_one_step(got, want, output_scale(model))
 
 
+def kernel_calls(compiled, *args) -> dict:
+    """Calls of each kernel in one run of ``compiled`` on ``args`` (layers of one shape share a kernel)."""
+    return {row["name"]: row["calls"] for row in compiled.profile(*args, repeat=1)}
+
+
 def cosine(a, b) -> float:
     """Cosine similarity of two outputs, flattened, in float64."""
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()

@@ -14,7 +14,7 @@ import tvm_lowprec
 from tvm_lowprec.quant.propagate_layout import propagate_layout_module
 
 from models import fp32_block_net, quantize_qdq
-from reference import assert_within_one_step, ort_session, output_scale
+from reference import assert_within_one_step, kernel_calls, ort_session, output_scale
 
 
 def _calls(mod):
@@ -64,7 +64,7 @@ def test_block_net_changes_layout_only_at_the_boundary(rng):
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
     names = [k.name for k in compiled.kernels()]
     # six convolution calls (layers of one shape share a kernel: their zero points are parameters)
-    calls = {row["name"]: row["calls"] for row in compiled.profile(rng.standard_normal(shape).astype(np.float32), repeat=1)}
+    calls = kernel_calls(compiled, rng.standard_normal(shape).astype(np.float32))
     assert sum(c for n, c in calls.items() if n.startswith("qconv2d")) == 6
     # one transpose into NHWC after the input's quantize, one back before Flatten: none between layers
     transposes = sorted(re.sub(r"\d+", "", n) for n in names if "transpose" in n)  # TVM numbers them as it likes

@@ -23,8 +23,8 @@ from ..errors import LowPrecError
 from ..kernels.depthwise import DepthwiseProblem, build_depthwise, depthwise_params
 from ..kernels.im2col import build_im2col
 from ..kernels.pack_b import build_pack_b
-from ..kernels.qgemm import (ConvWindow, Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, float32_requant_exact, out_range_param,
-                             pack_weights)
+from ..kernels.qgemm import (ConvWindow, Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, float32_requant_exact,
+                             out_range_param, pack_weights)
 from ..targets import TargetSpec
 from .patterns import (
     ConstWeight,
@@ -652,8 +652,8 @@ def emit_grouped(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | N
     columns = [slice(i * ng, (i + 1) * ng) for i in range(groups)]
     packed = np.stack([pack_weights(corr.b_signed[:, c], layout) for c in columns])
     mult = None if match.mult is None else np.broadcast_to(np.asarray(match.mult, np.float32), (n,))
-    per_group = [epilogue_params(problem, layout, corr.corr[c], None, None if mult is None else mult[c], with_out_range=False)
-                 for c in columns]
+    per_group = [epilogue_params(problem, layout, corr.corr[c], None, None if mult is None else mult[c],
+                                 with_out_range=False) for c in columns]
     params = [np.stack(column) for column in zip(*per_group)] + out_range_param(problem.epilogue)
     name = f"qgconv2d_{a_dtype[0]}8_{groups}x{g.rows}x{ng}x{k}_{problem.epilogue.kind}"
     gvar = builder.add_func(build_qgemm(problem, layout, name).with_attr("op_pattern", 8), name)
