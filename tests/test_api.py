@@ -181,3 +181,47 @@ def test_clip_with_constant_bounds_imports_as_relax_clip(rng):
         assert ("relax.clip" in ops) == relax_clip
         want = np.minimum(np.maximum(x, -np.inf if np.isnan(lo) else lo), hi)
         np.testing.assert_array_equal(tvm_lowprec.compile(mod)(x)[0], want)
+
+
+@pytest.mark.host_dependent
+def test_every_listed_kernel_runs(rng):
+    """``Compiled.kernels()`` lists the kernels a model calls, no more: TVM's lowering turns a call of
+    a reshape kernel into a view and leaves the kernel behind (``pipeline.drop_unused_kernels`` drops
+    it, so LLVM no longer compiles it either). A quantized CNN with Flatten, Resize and Concat."""
+    from models import fp32_block_net, quantize_qdq
+    from reference import kernel_calls
+
+    from tvm_lowprec.pipeline import drop_unused_kernels
+
+    shape = (1, 8, 16, 16)
+    qdq = quantize_qdq(fp32_block_net(shape), [rng.standard_normal(shape).astype(np.float32) for _ in range(4)])
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
+    if compiled.execution != "native":
+        pytest.skip("kernel calls are counted by running the model natively")
+    calls = kernel_calls(compiled, rng.standard_normal(shape).astype(np.float32))
+    assert {k.name for k in compiled.kernels()} == set(calls)
+    # the pass itself: a module whose main calls one of two kernels keeps that one
+    import tvm
+    from tvm.script import ir as I, relax as R, tirx as T
+
+    @I.ir_module
+    class Module:
+        @T.prim_func
+        def used(x: T.Buffer((4,), "float32"), y: T.Buffer((4,), "float32")):
+            for i in range(4):
+                y[i] = x[i]
+
+        @T.prim_func
+        def unused(x: T.Buffer((4,), "float32"), y: T.Buffer((4,), "float32")):
+            for i in range(4):
+                y[i] = x[i] + T.float32(1)
+
+        @R.function
+        def main(x: R.Tensor((4,), "float32")):
+            cls = Module
+            y = R.call_tir(cls.used, (x,), R.Tensor((4,), "float32"))
+            return y
+
+    kept = drop_unused_kernels(Module)
+    assert {gv.name_hint for gv in kept.get_global_vars()} == {"main", "used"}
+    assert isinstance(kept["used"], tvm.tirx.PrimFunc)

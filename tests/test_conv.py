@@ -103,7 +103,7 @@ def test_depthwise_fixed_point_requantization_within_one_step(rng):
 def test_im2col_padding_is_partitioned_and_exact(channels, rng):
     """The padding copy's rows and columns carry TVM's loop-partition hint (the interior copies without
     the padding's Select), and the im2col is exact against numpy, asymmetric padding and stride 2."""
-    from tvm_lowprec.kernels.im2col import build_im2col
+    from tvm_lowprec.kernels.im2col import build_im2col, pad_argument
     from tvm_lowprec.quant.patterns import ConvGeometry
     from tvm_lowprec.schedule import schedule_func
     from tvm_lowprec.targets import resolve_target
@@ -111,7 +111,7 @@ def test_im2col_padding_is_partitioned_and_exact(channels, rng):
 
     spec = resolve_target("native")
     g = ConvGeometry(1, channels, (11, 10), (5, 5), (3, 3), (2, 2), (1, 0, 0, 1), (1, 1))
-    sch = schedule_func(build_im2col(g, "uint8", 7, "im2col"), spec)
+    sch = schedule_func(build_im2col(g, "uint8", "im2col"), spec)
     hinted = [sch.get(loop).annotations.get("pragma_loop_partition_hint") for loop in sch.get_loops(sch.get_sblock("padded"))]
     assert sum(h is not None for h in hinted) == 2, hinted
     inner = sch.get(sch.get_loops(sch.get_sblock("im2col"))[-1])  # a tap row's (kw, c) run: one vector copy
@@ -120,7 +120,8 @@ def test_im2col_padding_is_partitioned_and_exact(channels, rng):
         assert int(inner.extent) == 3 * channels and inner.kind == tvm.tirx.ForKind.VECTORIZED, inner
     x = rng.integers(0, 256, (1, 11, 10, channels)).astype(np.uint8)
     out = tvm.runtime.tensor(np.zeros((1, 5, 5, 3, 3, channels), np.uint8))
-    tvm.compile(sch.mod, target=spec.tvm_target(2)).mod["im2col"](tvm.runtime.tensor(x), out)
+    pad = tvm.runtime.tensor(pad_argument(7))  # the zero point: a parameter, one kernel for all zero points
+    tvm.compile(sch.mod, target=spec.tvm_target(2)).mod["im2col"](tvm.runtime.tensor(x), pad, out)
     padded = np.pad(x, ((0, 0), (1, 0), (0, 1), (0, 0)), constant_values=7)
     want = np.stack([np.stack([padded[:, kh:kh + 9:2, kw:kw + 9:2, :] for kw in range(3)], 3) for kh in range(3)], 3)
     np.testing.assert_array_equal(out.numpy(), want)
@@ -235,11 +236,11 @@ def test_an_int64_padding_copy_still_has_its_border_split_off():
 
     spec = tvm_lowprec.resolve_target("x86-avx2")
     g = ConvGeometry(1, 8, (20, 20), (20, 20), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
-    func = build_im2col(g, "uint8", 9, "pad", gather=False)
+    func = build_im2col(g, "uint8", "pad", gather=False)
     assert str(func.params[0].shape[0].ty) == "int64"
     sch = Im2colRule().apply(func, spec)
     lowered = _partitioned_script(sch.mod, spec)
-    assert "T.Select" not in lowered and "] = x_1[" in lowered, lowered  # border constants, interior a copy
+    assert "T.Select" not in lowered and "] = x_1[" in lowered, lowered  # border the zero point, interior a copy
 
 
 @pytest.mark.parametrize("channels", [8, 24, 64])
@@ -304,3 +305,45 @@ def test_dead_taps_leave_the_gemm(name):
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qlinear_conv(**CONVS[name])), target="native")
     (gemm,) = [k for k in compiled.kernels() if k.op == "qgemm"]
     assert gemm.shape[2] == TRIMMED_DEPTH[name]
+
+
+def _conv_chain(channels: int, side: int, layers: int, seed: int = 0):
+    """``layers`` 3x3 convolutions (padding 1) of one geometry in a row, no activation between them:
+    ORT's calibration gives each input its own zero point."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
+        b = (rng.standard_normal(channels) * 0.3 + 0.2 * (i + 1)).astype(np.float32)  # shifts each output's range
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        x = f"c{i}"
+    shape = [1, channels, side, side]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_padding_copies_of_one_geometry_share_one_kernel(rng):
+    """The padding value (the input's zero point) is a kernel parameter: three convolutions of one
+    geometry whose inputs have three different zero points run one padding kernel three times (YOLO11n:
+    31 padding kernels -> 12), each padding with its own zero point: within one step of ORT."""
+    from onnx import numpy_helper
+
+    from reference import kernel_calls
+
+    shape = (1, 64, 5, 5)
+    qdq = quantize_qdq(_conv_chain(64, 5, 3), [rng.standard_normal(shape).astype(np.float32) for _ in range(4)])
+    inits = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    producers = {o: n for n in qdq.graph.node for o in n.output}
+    convs = [n for n in qdq.graph.node if n.op_type == "Conv"]
+    zero_points = {int(inits[producers[c.input[0]].input[2]]) for c in convs}  # each input's DequantizeLinear
+    assert len(zero_points) == 3, zero_points  # the test means something only if they differ
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq), target="native")
+    x = rng.standard_normal(shape).astype(np.float32)
+    calls = kernel_calls(compiled, x)
+    copies = [k.name for k in compiled.kernels() if k.op in ("pad", "im2col")]
+    assert len(copies) == 1 and calls[copies[0]] >= 2, (copies, calls)  # the first may fuse into the input's quantize
+    assert_within_one_step(compiled(x)[0], ort_session(qdq, optimized=False).run(None, {"x": x})[0], output_scale(qdq))

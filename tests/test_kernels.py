@@ -327,3 +327,28 @@ def test_a_narrow_recipe_must_be_exact_narrower_and_within_the_row_features(spec
     features = tuple(f for f in spec.features if f not in spec.narrow.intrin.features[:1])
     with pytest.raises(ValueError, match=f"{spec.narrow.intrin.name} needs"):
         dataclasses.replace(spec, features=features)
+
+
+# rows whose tile table lets a tile take more rows where its own pad M too much (Tile.grow_rows)
+GROWING = [(t, r) for t in TARGETS if t.device == "cpu" for r in t.recipes() if any(x.grow_rows for x in r.tiles)]
+
+
+@pytest.mark.parametrize("pair", GROWING, ids=_recipe_id)
+def test_a_tile_takes_rows_that_pad_m_less_where_its_own_pad_too_much(pair, rng):
+    """ViT's M = 50 on 4-row tiles is 13 tiles of 52 rows (3.8% thrown away): a tile with ``grow_rows``
+    takes 5 rows (10 tiles, none thrown away), exact as ever; where its rows pad M by at most
+    ROW_PADDING_LIMIT (M = 250: 0.8%) it keeps them."""
+    from tvm_lowprec.kernels.qgemm import ROW_PADDING_LIMIT
+
+    spec, recipe = pair
+    spec = _only(spec, recipe)
+    tile = next(x for x in recipe.tiles if x.grow_rows)
+    n = recipe.intrin.lanes * tile.nr
+    m = tile.mr * 12 + 2  # 2 rows into a 13th tile
+    assert recipe.tile_for(m) is tile and (tile.mr - 2) / (13 * tile.mr) > ROW_PADDING_LIMIT
+    layout = GemmLayout.choose(QGemmProblem(m, n, 64, "uint8", Epilogue("requant", "uint8")), spec)
+    assert tile.mr < layout.mr <= tile.grow_rows and layout.mp - m < 13 * tile.mr - m, layout
+    run_case(spec, rng, (m, n, 64), OPERANDS[1], EPILOGUES["requant-u8"], bound=recipe.intrin.weight_pair_bound)
+    few = tile.mr * 62 + 2  # 2 rows into a 63rd tile: little padding
+    if recipe.tile_for(few) is tile:
+        assert GemmLayout.choose(QGemmProblem(few, n, 64, "uint8", Epilogue()), spec).mr == tile.mr

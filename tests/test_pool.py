@@ -133,5 +133,5 @@ def test_small_pools_and_padding_copies_run_on_one_thread():
     assert SeparablePoolRule().apply(big.with_attr("lowprec.op", OP), spec).mod["main"].script().count("T.parallel") == 3
     for side, parallel in ((80, False), (160, True)):
         g = ConvGeometry(1, 8, (side, side), (side, side), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
-        copy = Im2colRule().apply(build_im2col(g, "uint8", 0, "pad", gather=False), spec).mod["main"].script()
+        copy = Im2colRule().apply(build_im2col(g, "uint8", "pad", gather=False), spec).mod["main"].script()
         assert ("T.parallel" in copy) == parallel, side

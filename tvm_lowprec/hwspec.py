@@ -107,12 +107,16 @@ class Tile:
     kblock: int = 0
     why: str = ""
     wide_b: bool = False  # use the operand's widened-weight variant (int16; for 4-bit float: a float block)
+    # the most rows a tile may take instead of ``mr`` where ``mr`` rows pad M by more than
+    # kernels.qgemm.ROW_PADDING_LIMIT (0: never): rows that divide M better (ViT's M = 50: 5, not 4 x 13 = 52)
+    grow_rows: int = 0
 
     def __post_init__(self):
         if self.mr < 1 or self.nr < 1 or self.min_m < 1:
             raise ValueError(f"tile {self}: mr, nr and min_m must be positive")
-        if self.mr * self.nr > 28:
-            raise ValueError(f"tile {self}: {self.mr * self.nr} accumulators would spill the vector registers")
+        if max(self.mr, self.grow_rows) * self.nr > 28:
+            raise ValueError(f"tile {self}: {max(self.mr, self.grow_rows) * self.nr} accumulators would spill the "
+                             "vector registers")
 
 
 @dataclass(frozen=True)

@@ -149,9 +149,28 @@ _LOWERING = {"cpu": cpu, "cuda": cuda}
 
 
 def lowering_passes(target):
-    """Phase 4 (TVM's own lowering for the target's device: CPU, or CUDA with its CUDA-graph rewrite)."""
+    """Phase 4 (TVM's own lowering for the target's device: CPU, or CUDA with its CUDA-graph rewrite),
+    the kernels no function calls any more dropped between TVM's two halves (:func:`drop_unused_kernels`)."""
     backend = _LOWERING["cuda" if target.kind.name == "cuda" else "cpu"]
-    return tvm.transform.Sequential(backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
+    unused = tvm.transform.module_pass(lambda mod, _ctx: drop_unused_kernels(mod), opt_level=0,
+                                       name="lowprec.DropUnusedKernels")
+    return tvm.transform.Sequential(backend.dataflow_lower_passes(target) + [unused] + backend.finalize_passes(target))
+
+
+def drop_unused_kernels(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` without the PrimFuncs no Relax function refers to. TVM's RewriteDataflowReshape turns a
+    call of a reshape kernel into a view (``R.reshape``, no copy) and leaves the kernel in the module,
+    where LLVM compiled it all the same and ``Compiled.kernels()`` listed it (YOLO11n at 160x160: 65 of
+    211 kernels, never run)."""
+    used = {gv.name_hint for f in mod.functions.values() if isinstance(f, relax.Function)
+            for gv in relax.analysis.all_global_vars(f)}
+    dead = [gv for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in used]
+    if not dead:
+        return mod
+    kept = mod.clone()  # attributes and global infos (a GPU row's virtual devices) as they were
+    for gv in dead:
+        del kept[gv]
+    return kept
 
 
 class _CallablePipeline(type(tvm)):

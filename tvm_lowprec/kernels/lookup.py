@@ -21,45 +21,52 @@ OP = "lookup"
 
 
 def build_lookup(n: int, in_dtype: str, out_dtype: str, intrin, folded: int, name: str = "lookup"):
-    """The PrimFunc ``(X[n] in_dtype, table[intrin.table_bytes] out_dtype) -> Y[n] out_dtype``."""
-    key = (n, in_dtype, out_dtype, intrin.name, intrin.lanes, intrin.table_bytes, folded)
-    func = _PARSED.get(key)
+    """The PrimFunc ``(X[n] in_dtype, table[intrin.table_bytes] out_dtype) -> Y[n] out_dtype``: the
+    instruction's template (:func:`_template`, parsed once) specialized to ``n``."""
+    template = _template(in_dtype, out_dtype, intrin)
+    func = template.specialize({template.params[-1]: n})  # IntImm arithmetic folds: constant extents
+    attrs = {"lowprec.op": OP, "op_pattern": 8, "lowprec.intrin": f"lowprec_lookup_{intrin.name}",
+             "lowprec.lanes": intrin.lanes, "lowprec.folded": folded, "lowprec.shape": [n], "global_symbol": name}
+    return func.with_attrs(attrs)
+
+
+# one template per instruction and dtypes, its length a parameter: a model has hundreds of lookups of
+# tens of lengths, and parsing TVMScript costs 20-40 ms a function (YOLO11n: 36 parses, 0.8 s)
+_TEMPLATES: dict = {}
+
+
+def _template(in_dtype: str, out_dtype: str, intrin):
+    key = (in_dtype, out_dtype, intrin.name, intrin.lanes, intrin.table_bytes)
+    func = _TEMPLATES.get(key)
     if func is None:
-        if len(_PARSED) >= 512:
-            _PARSED.clear()
-        func = _PARSED[key] = _lookup_func(n, in_dtype, out_dtype, intrin, folded)
-    return func.with_attr("global_symbol", name)
+        func = _TEMPLATES[key] = _lookup_template(in_dtype, out_dtype, intrin)
+    return func
 
 
-# kernels parsed once per shape and instruction: a model has hundreds of lookups of a few lengths, and
-# parsing the TVMScript was most of their cost (YOLO11n: 185 parses, 3.5 s)
-_PARSED: dict = {}
-
-
-def _lookup_func(n: int, in_dtype: str, out_dtype: str, intrin, folded: int):
+def _lookup_template(in_dtype: str, out_dtype: str, intrin):
+    """``vectors = n // lanes`` iterations of the vector lookup, then ``n % lanes`` scalar ones, over a
+    length ``n`` given as the last parameter (bound by ``PrimFunc.specialize``)."""
     lanes, table_bytes, slot = intrin.lanes, intrin.table_bytes, intrin.slot
-    vectors = n // lanes
-    main = vectors * lanes
 
     @T.prim_func(s_tir=True)
-    def func(X: T.Buffer((n,), in_dtype), Tab: T.Buffer((table_bytes,), out_dtype), Y: T.Buffer((n,), out_dtype)):
+    def func(x: T.handle, Tab: T.Buffer((table_bytes,), out_dtype), y: T.handle, n: T.int32):
         T.func_attr({"tir.noalias": True})
-        for o in range(vectors):
+        X = T.match_buffer(x, (n,), in_dtype)
+        Y = T.match_buffer(y, (n,), out_dtype)
+        for o in range(n // lanes):
             with T.sblock("lookup"):
                 vo = T.axis.remap("S", [o])
                 T.reads(Tab[0:table_bytes], X[vo * lanes:vo * lanes + lanes])
                 T.writes(Y[vo * lanes:vo * lanes + lanes])
                 Y[T.ramp(vo * lanes, 1, lanes)] = vector_lookup(intrin, X, Tab, in_dtype, out_dtype, vo * lanes)
-        for i in range(n - main):
+        for i in range(n % lanes):
             with T.sblock("lookup_tail"):
                 vi = T.axis.remap("S", [i])
-                T.reads(Tab[0:table_bytes], X[main + vi])
-                T.writes(Y[main + vi])
-                Y[main + vi] = Tab[slot(code_of(X[main + vi], in_dtype))]
+                T.reads(Tab[0:table_bytes], X[n // lanes * lanes + vi])
+                T.writes(Y[n // lanes * lanes + vi])
+                Y[n // lanes * lanes + vi] = Tab[slot(code_of(X[n // lanes * lanes + vi], in_dtype))]
 
-    attrs = {"lowprec.op": OP, "op_pattern": 8, "lowprec.intrin": f"lowprec_lookup_{intrin.name}",
-             "lowprec.lanes": lanes, "lowprec.folded": folded, "lowprec.shape": [n]}
-    return func.with_attrs(attrs)
+    return func
 
 
 def lookup_in_place(out, table, intrin, start, stop, name: str = "looked_up"):

@@ -21,7 +21,7 @@ from tvm import relax
 
 from ..errors import LowPrecError
 from ..kernels.depthwise import DepthwiseProblem, build_depthwise, depthwise_params
-from ..kernels.im2col import build_im2col
+from ..kernels.im2col import build_im2col, pad_argument
 from ..kernels.pack_b import build_pack_b
 from ..kernels.qgemm import (ConvWindow, Epilogue, GemmLayout, QGemmProblem, build_qgemm, epilogue_params, float32_requant_exact,
                              out_range_param, pack_weights)
@@ -406,13 +406,15 @@ def _im2col(builder, x, geometry: ConvGeometry, pad_value: int, channels: int | 
         if not any(g.padding) and c == g.channels:
             return x
         name = f"pad_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}"
-        gvar = builder.add_func(build_im2col(g, dtype_of(x), pad_value, name, channels=c, gather=False), name)
-        return builder.emit(relax.call_tir(gvar, [x], relax.TensorType(conv_window(g, c).shape, dtype_of(x))))
+        gvar = builder.add_func(build_im2col(g, dtype_of(x), name, channels=c, gather=False), name)
+        return builder.emit(relax.call_tir(gvar, [x, relax.const(pad_argument(pad_value))],
+                                           relax.TensorType(conv_window(g, c).shape, dtype_of(x))))
     if not g.is_pointwise:
         name = f"im2col_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}"
-        gvar = builder.add_func(build_im2col(g, dtype_of(x), pad_value, name, channels=c), name)
+        gvar = builder.add_func(build_im2col(g, dtype_of(x), name, channels=c), name)
         shape6 = (g.batch, *g.out_hw, *g.kernel, c)
-        x = builder.emit(relax.call_tir(gvar, [x], relax.TensorType(shape6, dtype_of(x))))
+        x = builder.emit(relax.call_tir(gvar, [x, relax.const(pad_argument(pad_value))],
+                                        relax.TensorType(shape6, dtype_of(x))))
     return builder.emit(relax.op.reshape(x, (g.rows, g.kernel[0] * g.kernel[1] * c)))
 
 
@@ -643,9 +645,10 @@ def emit_grouped(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | N
     else:
         x = builder.emit(relax.op.permute_dims(match.x, NCHW_TO_NHWC))
         cols_name = f"im2col_{g.channels}x{g.in_hw[0]}x{g.in_hw[1]}_k{g.kernel[0]}x{g.kernel[1]}_g{groups}"
-        cols_gvar = builder.add_func(build_im2col(g, a_dtype, match.x_zero_point, cols_name), cols_name)
+        cols_gvar = builder.add_func(build_im2col(g, a_dtype, cols_name), cols_name)
         cols_shape = (groups, g.batch, *g.out_hw, *g.kernel, g.group_channels)
-        cols = builder.emit(relax.call_tir(cols_gvar, [x], relax.TensorType(cols_shape, a_dtype)))
+        cols = builder.emit(relax.call_tir(cols_gvar, [x, relax.const(pad_argument(match.x_zero_point))],
+                                           relax.TensorType(cols_shape, a_dtype)))
         cols = builder.emit(relax.op.reshape(cols, (groups, g.rows, k)))
     corr = gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, layout.a_offset,
                             match.bias_int)
