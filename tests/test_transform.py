@@ -44,7 +44,8 @@ def test_tvm_compile_with_our_pipeline_equals_compile(builder, shape):
     row = "native"
     mod = tvm_lowprec.from_onnx(model)
     ours = tvm_lowprec.compile(mod, target=row)
-    executable = tvm.compile(mod, target=tvm_lowprec.tvm_target(row), relax_pipeline=tvm_lowprec.pipeline(row))
+    executable = tvm.compile(mod, target=tvm_lowprec.tvm_target(row), relax_pipeline=tvm_lowprec.pipeline(row),
+                             tir_pipeline=tvm_lowprec.transform.tir_pipeline(row))
     for got, want in zip(_vm_outputs(executable, x), _compiled_outputs(ours, x)):
         np.testing.assert_array_equal(got, want)
 

@@ -29,7 +29,7 @@ from .ptq import QuantConfig, accuracy_report, quantize
 from .tune import tune
 from .kernels import Epilogue, QGemmProblem
 from .targets import TargetSpec, host_supports, native_target, registered_targets, resolve_target
-from .native_build import build_executable
+from .native_build import build_executable, tir_pipeline
 from . import pipeline, transform  # noqa: F401  (tvm_lowprec.pipeline(target): TVM's relax_pipeline form)
 from .transform import tvm_target
 from .unaligned_inputs import unaligned_inputs
@@ -241,7 +241,7 @@ def _build(mod, spec, num_threads, requant_mode, fast_math, database, emulate, w
         executable, runnable = build_executable(lowered, tvm_target)
         return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,
                         runnable=runnable, any_alignment=any_alignment)
-    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
+    executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None, tir_pipeline=tir_pipeline(tvm_target))
     if emulate is True or (emulate == "auto" and mode == "emulated"):
         runnable, report = emulated_executable(lowered, executable, tvm_target)
         return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, num_threads=num_threads,

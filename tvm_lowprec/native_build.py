@@ -106,6 +106,16 @@ def run_in_child(work: Callable[[], None], folder: str) -> tuple[bool, str]:
     return True, message
 
 
+def tir_pipeline(target) -> str:
+    """The TIR pipeline a CPU row's kernels are built with (:mod:`~tvm_lowprec.stack_allocations`: TVM's
+    default, small buffers kept on the stack); TVM's default for other targets."""
+    if target.kind.name != "llvm":
+        return "default"
+    from .stack_allocations import register
+
+    return register()
+
+
 def kernel_library(tir_mod, target):
     """``tvm.tirx.build(tir_mod, target)`` as a library ready to run: the LLVM module's machine code
     made by a child process (:func:`run_in_child`), linked and loaded here. Returns ``(llvm_module,
@@ -114,7 +124,7 @@ def kernel_library(tir_mod, target):
     Raises :class:`KernelBuildError` naming the kernels LLVM cannot compile."""
     import tvm
 
-    lib = tvm.tirx.build(tir_mod, target=target)
+    lib = tvm.tirx.build(tir_mod, target=target, pipeline=tir_pipeline(target))
     if not isolated() or target.kind.name != "llvm":
         return lib, lib
     return lib, _load_object(lib, tir_mod, target)
@@ -153,7 +163,7 @@ def _failure(tir_mod, target, folder: str, what: str) -> str:
                     f.write(str(i))
                 gv, func = funcs[i]
                 one = tvm.IRModule({gv: func}, attrs=tir_mod.attrs)
-                tvm.tirx.build(one, target=target).write_to_file(os.path.join(folder, "one.o"))
+                tvm.tirx.build(one, target=target, pipeline=tir_pipeline(target)).write_to_file(os.path.join(folder, "one.o"))
             with open(progress, "w") as f:
                 f.write(str(len(funcs)))
 
@@ -190,7 +200,7 @@ def build_executable(lowered, target):
 
     attrs = dict(lowered.attrs) if lowered.attrs else {}
     if not isolated() or attrs.get("external_mods"):
-        executable = tvm.compile(lowered, target=target, relax_pipeline=None)
+        executable = tvm.compile(lowered, target=target, relax_pipeline=None, tir_pipeline=tir_pipeline(target))
         return executable, executable
     builder = relax.ExecBuilder()
     tir_mod = vm_build._filter_tir(vm_build._vmcodegen(builder, lowered, "bytecode"))

@@ -4,7 +4,8 @@ Each step of :func:`tvm_lowprec.compile` is a module pass here, in the order ``c
 (:data:`PHASES`); :func:`pipeline` is the whole of it as one pass, TVM's ``relax_pipeline`` form::
 
     target = "x86-avx512-vnni"
-    ex = tvm.compile(mod, target=tvm_lowprec.tvm_target(target), relax_pipeline=tvm_lowprec.pipeline(target))
+    ex = tvm.compile(mod, target=tvm_lowprec.tvm_target(target), relax_pipeline=tvm_lowprec.pipeline(target),
+                     tir_pipeline=tvm_lowprec.transform.tir_pipeline(target))
 
 builds what ``tvm_lowprec.compile(mod, target)`` builds (its kernels' machine code made in-process, as
 ``tvm.compile`` does; run it with ``relax.VirtualMachine(ex, tvm.cpu())``). A pipeline of your own
@@ -165,6 +166,16 @@ def pipeline(target="native", requant_mode: str = "float", fast_math: bool = Tru
     return tvm.transform.Sequential(passes(target, requant_mode, fast_math, weight_only), name="lowprec.Pipeline")
 
 
+def tir_pipeline(target="native") -> str:
+    """The name of the TIR pipeline ``compile`` builds a row's kernels with, for ``tvm.compile(...,
+    tir_pipeline=...)``: on CPU rows TVM's default with small buffers kept on the stack
+    (:mod:`~tvm_lowprec.stack_allocations`; TVM's default pipeline gives the same results, its GEMMs
+    slower where row tiles are short), ``"default"`` on GPU rows."""
+    from .native_build import tir_pipeline as for_target
+
+    return for_target(tvm_target(target))
+
+
 def tvm_target(target="native", num_threads: int | None = None) -> tvm.target.Target:
     """The ``tvm.target.Target`` of a target row (its CPU, features and thread count), as ``compile`` uses."""
     return _spec(target).tvm_target(num_threads or 2)
@@ -172,4 +183,4 @@ def tvm_target(target="native", num_threads: int | None = None) -> tvm.target.Ta
 
 __all__ = ["FastMath", "Finish", "FloatKernels", "FoldQDQ", "IntegerBinary", "LegalizeAndFuse", "LookupEpilogue",
            "LookupTables", "Lower", "PrepareModule", "PropagateLayout", "QDQToInteger", "RowOps", "ScheduleKernels",
-           "ThroughConcat", "WeightOnly", "after_qdq_to_integer", "passes", "pipeline", "tvm_target"]
+           "ThroughConcat", "WeightOnly", "after_qdq_to_integer", "passes", "pipeline", "tir_pipeline", "tvm_target"]
