@@ -150,25 +150,39 @@ def fp32_cnn(shape=(1, 3, 16, 16), seed=0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+class _Graph:
+    """A float ONNX graph written op by op: float32 initializers, nodes named after their output, and
+    convolutions with random weights scaled to keep activations near unit variance."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits = [], []
+
+    def const(self, name, value):
+        self.inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def node(self, op, inputs, out, **attrs):
+        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+    def conv(self, x, c_in, c_out, k, name, stride=1):
+        w = self.const(f"{name}_w", self.rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k))
+        b = self.const(f"{name}_b", self.rng.standard_normal(c_out) * 0.1)
+        return self.node("Conv", [x, w, b], name, pads=[k // 2] * 4, strides=[stride, stride])
+
+    def model(self, name, shape, opset=17) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                                  [helper.make_tensor_value_info(self.nodes[-1].output[0], TensorProto.FLOAT, None)],
+                                  self.inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
 def fp32_block_net(shape=(1, 8, 16, 16), seed=0, classes=10) -> onnx.ModelProto:
     """The operators between a CNN's convolutions: Conv+SiLU (Sigmoid*Mul), a residual Add + Relu,
     MaxPool, Concat of two branches, nearest Resize x2, AveragePool, GlobalAveragePool, Flatten, Gemm."""
-    rng = np.random.default_rng(seed)
-    nodes, inits = [], []
-
-    def const(name, value):
-        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
-        return name
-
-    def node(op, inputs, out, **attrs):
-        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
-
-    def conv(x, c_in, c_out, k, name, stride=1):
-        w = const(f"{name}_w", rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k))
-        b = const(f"{name}_b", rng.standard_normal(c_out) * 0.1)
-        return node("Conv", [x, w, b], name, pads=[k // 2] * 4, strides=[stride, stride])
-
+    g = _Graph(seed)
+    node, conv, const = g.node, g.conv, g.const
     c = shape[1]
     a = conv("x", c, 16, 3, "conv0")
     a = node("Mul", [a, node("Sigmoid", [a], "sig0")], "silu0")
@@ -180,13 +194,9 @@ def fp32_block_net(shape=(1, 8, 16, 16), seed=0, classes=10) -> onnx.ModelProto:
     up = node("Resize", [cat, "", const("scales", [1, 1, 2, 2])], "up", mode="nearest")
     a = node("AveragePool", [conv(up, 16, 16, 3, "conv5", stride=2)], "avg", kernel_shape=[2, 2], strides=[2, 2])
     flat = node("Flatten", [node("GlobalAveragePool", [a], "gap")], "flat", axis=1)
-    w = const("fc_w", rng.standard_normal((classes, 16)) / 4)
-    node("Gemm", [flat, w, const("fc_b", rng.standard_normal(classes) * 0.1)], "y", transB=1)
-    graph = helper.make_graph(
-        nodes, "blocks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    w = const("fc_w", g.rng.standard_normal((classes, 16)) / 4)
+    node("Gemm", [flat, w, const("fc_b", g.rng.standard_normal(classes) * 0.1)], "y", transB=1)
+    return g.model("blocks", shape)
 
 
 def qlinear_conv(x_shape, c_out, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), bias=True,
@@ -219,3 +229,23 @@ def fp32_and_qdq(fp32, shape, samples: int = 4) -> dict:
     of ``shape`` (seed 0): the two forms the detector tests compile."""
     rng = np.random.default_rng(0)
     return {"fp32": fp32, "qdq": quantize_qdq(fp32, [rng.standard_normal(shape).astype(np.float32) for _ in range(samples)])}
+
+
+def fp32_se_block(shape=(1, 8, 16, 16), seed=0) -> onnx.ModelProto:
+    """EfficientNet's block as exporters write it: Conv + SiLU (Sigmoid, Mul), then squeeze-and-excitation
+    (ReduceMean over H, W; 1x1 Conv + SiLU; 1x1 Conv + Sigmoid; Mul with the block's SiLU), then a 1x1
+    projection Conv. The first SiLU's output is read by the mean and by the scaling Mul, not by a layer."""
+    g = _Graph(seed)
+    node, conv = g.node, g.conv
+    c, squeezed = shape[1] * 2, max(2, shape[1] // 2)
+
+    def silu(x, name):
+        return node("Mul", [x, node("Sigmoid", [x], f"{name}_sig")], name)
+
+    a = silu(conv("x", shape[1], c, 3, "conv0"), "silu0")
+    axes = node("Constant", [], "axes", value=numpy_helper.from_array(np.array([2, 3], np.int64)))
+    pooled = node("ReduceMean", [a, axes], "pool", keepdims=1)
+    s = node("Sigmoid", [conv(silu(conv(pooled, c, squeezed, 1, "se_reduce"), "se_silu"), squeezed, c, 1, "se_expand")],
+             "se_gate")
+    conv(node("Mul", [a, s], "scaled"), c, shape[1], 1, "y")
+    return g.model("se_block", shape, opset=18)

@@ -323,3 +323,39 @@ def test_reduced_bits_are_for_weights_only():
     data = [np.ones((4, 16), np.float32)]
     with pytest.raises(ConfigError, match="bits=7 is for weights"):
         quantize(mod, data, QuantConfig(activations=QuantSpec("uint8", bits=7)), progress=False)
+
+
+def test_a_silu_read_by_squeeze_and_excitation_is_quantized(rng):
+    """EfficientNet's block: the SiLU after a convolution feeds the block's mean and its scaling
+    multiply, not a layer. It is quantized too (Layer.activation), so neither the SiLU nor its readers
+    run in float32 over the block's tensor: no float sigmoid kernel reads it; the accuracy stays at
+    ORT's; and export_qdq writes the same Q/DQ pair after the Mul (ORT runs the file within a step)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from models import fp32_se_block
+    from tvm_lowprec.ptq.export_onnx import export_qdq
+    from tvm_lowprec.ptq.quantize import quantize_with_plans
+
+    shape = (1, 8, 16, 16)
+    model = fp32_se_block(shape)
+    cal = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    held = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    qmod, plans = quantize_with_plans(tvm_lowprec.from_onnx(model), cal, QuantConfig(), progress=False)
+    (conv0,) = [p for p in plans if p.layer.name == "conv0"]
+    assert conv0.activation is not None and conv0.layer.activation is not None
+    compiled = tvm_lowprec.compile(qmod, target="native")
+    block = 16 * 16 * 16  # the block's tensor: 4096 codes, or 16 KiB in float32
+    floats = [k for k in compiled.kernels() if k.reads is not None and max(k.reads, k.writes) >= 4 * block]
+    assert not floats, floats  # the SiLU is a table, its mean and scaling read 8-bit codes
+    fp32 = ReferenceEvaluator(model)
+    refs = np.stack([fp32.run(None, {"x": x})[0] for x in held])
+    ours = _sqnr(refs, np.stack([compiled(x)[0] for x in held]))
+    ort_int8 = ort_session(quantize_qdq(model, cal), optimized=False)
+    theirs = _sqnr(refs, np.stack([ort_int8.run(None, {"x": x})[0] for x in held]))
+    assert ours > 20.0 and ours >= theirs - 1.0, (ours, theirs)
+    exported = export_qdq(model, plans)
+    silu_qdq = [n for n in exported.graph.node if n.op_type == "QuantizeLinear" and n.input[0].startswith("silu0")]
+    assert len(silu_qdq) == 1, [n.input[0] for n in exported.graph.node if n.op_type == "QuantizeLinear"]
+    from_file = np.stack([ort_session(exported, optimized=False).run(None, {"x": x})[0] for x in held])
+    with np.errstate(divide="ignore"):  # bit-identical is an infinite SQNR
+        assert _sqnr(from_file, np.stack([compiled(x)[0] for x in held])) > 30.0

@@ -173,6 +173,13 @@ def _onnx_weight(node, plan: LayerPlan, w: np.ndarray) -> tuple[np.ndarray, int]
     return w, w.ndim - 1
 
 
+def _silu_node(tensor: str, consumers) -> onnx.NodeProto | None:
+    """The Mul node of ``tensor * Sigmoid(tensor)`` (either order), if the graph has it."""
+    sigmoids = {n.output[0] for n in consumers.get(tensor, []) if n.op_type == "Sigmoid"}
+    return next((n for n in consumers.get(tensor, []) if n.op_type == "Mul" and tensor in n.input
+                 and any(i in sigmoids for i in n.input)), None)
+
+
 def export_qdq(model, plans: list[LayerPlan], path=None, shape_dict=None) -> onnx.ModelProto:
     """``model`` (the FP32 ONNX model or its path, as given to :func:`tvm_lowprec.from_onnx` with
     ``shape_dict``) with ``plans`` (from :func:`~tvm_lowprec.ptq.quantize.quantize_with_plans`) written in
@@ -257,6 +264,14 @@ def export_qdq(model, plans: list[LayerPlan], path=None, shape_dict=None) -> onn
             last.output[0] = raw
             qdq, _ = writer.qdq(raw, plan.output, into=tensor)
             after.setdefault(id(last), []).extend(qdq)
+        if plan.activation is not None:  # the SiLU after the output: Q/DQ after its Mul
+            product = _silu_node(tensor, consumers)
+            if product is None:
+                raise ExportError(f"{where}: its SiLU (Mul of the output and its Sigmoid) is not in the ONNX graph")
+            silu = product.output[0]
+            product.output[0] = writer.fresh(silu + "_float")
+            qdq, _ = writer.qdq(product.output[0], plan.activation, into=silu)
+            after.setdefault(id(product), []).extend(qdq)
     ordered = []
     for n in graph.node:
         ordered += before.get(id(n), []) + [n] + after.get(id(n), [])

@@ -3,7 +3,8 @@
 For each planned layer: ``core(x, W)`` becomes ``core(dequantize(quantize(x)), dequantize(W_q))`` with
 ``W_q`` the weights quantized here, at compile time (a second activation operand gets a run-time
 quantize/dequantize pair instead), and the layer's output (after its bias and
-activation) becomes ``dequantize(quantize(out))``. Exactly ONNX's QDQ form, so the integer rewrite
+activation) becomes ``dequantize(quantize(out))``, and so does a SiLU after it that the plan quantizes
+(:attr:`LayerPlan.activation`). Exactly ONNX's QDQ form, so the integer rewrite
 (:mod:`tvm_lowprec.quant.qdq_to_integer`) recognises it; the float bias stays float (the rewrite folds
 it into the int32 accumulator).
 
@@ -110,6 +111,7 @@ class LayerPlan:
     output: TensorQuant | None
     scheme: str = ""
     note: str = ""  # an adjustment quantize made (weight scales widened so the bias fits int32)
+    activation: TensorQuant | None = None  # the SiLU after the output (Layer.activation), where quantized
 
 
 def _qdq(builder, expr, q: TensorQuant):
@@ -134,6 +136,8 @@ class _Inserter(relax.PyExprMutator):
                 call = relax.Call(call.op, [x, wd], call.attrs, call.ty_args)
             if original.same_as(plan.layer.output_call) and plan.output is not None:
                 call = _qdq(self.builder_, self.builder_.emit(call), plan.output)
+            if plan.activation is not None and original.same_as(plan.layer.activation_call):
+                call = _qdq(self.builder_, self.builder_.emit(call), plan.activation)
         return call
 
 

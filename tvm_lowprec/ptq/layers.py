@@ -3,7 +3,10 @@
 A layer is a ``matmul`` or ``conv2d`` (NCHW/OIHW) whose second operand is a float32 constant, with
 the ops that the integer kernel fuses after it: a constant bias ``add``, then ``relu`` / ``clip``.
 Its *input* is the activation operand, its *output* the last op of that chain; both are observed
-during calibration and quantized. A ``matmul`` of two activations (attention's ``Q K^T`` and
+during calibration and quantized. A SiLU after the output (``y * sigmoid(y)``, as exporters write it)
+whose result some reader other than a layer's input takes (EfficientNet's squeeze-and-excitation:
+the block's mean and its scaling multiply) is the layer's *activation*, observed and quantized too:
+without it those readers, and the SiLU, ran in float32 between two quantized layers. A ``matmul`` of two activations (attention's ``Q K^T`` and
 ``P V``) is a layer too, with ``weight=None``: its second operand is observed and quantized like an
 activation. Names come from the ONNX nodes (``lowprec.linear_nodes``, set by
 :func:`tvm_lowprec.from_onnx`) when the module came from ONNX, else ``<op>_<index>``.
@@ -49,6 +52,10 @@ class Layer:
     x_range: tuple[float, float] | None = None
     b_range: tuple[float, float] | None = None
     bias: np.ndarray | None = None  # the constant bias the chain adds (float32, flattened), if any
+    # the SiLU after the output (``output * sigmoid(output)``) where a reader other than a layer's input
+    # takes it: quantized as well (its var and call), so those readers get 8-bit codes
+    activation: relax.Var | None = None
+    activation_call: relax.Call | None = None
 
     @property
     def channel_axis(self) -> int:
@@ -90,6 +97,36 @@ def _small_constant(expr, lookup, channels: int) -> bool:
     return value is not None and value.dtype == np.float32 and value.size in (1, channels)
 
 
+def _silu_after(var, table, readers, core_inputs):
+    """``(y, call)`` where ``y = multiply(var, sigmoid(var))`` (either order) and ``var`` is read by the
+    sigmoid and the multiply alone, if some reader of ``y`` is not a layer's input (``core_inputs``:
+    the bindings whose first argument is their input); else ``(None, None)``."""
+    users = readers.get(var, [])
+    if len(users) != 2:
+        return None, None
+    sigmoid = next((u for u in users if _is_op(table.get(u), ("relax.sigmoid",))), None)
+    product = next((u for u in users if _is_op(table.get(u), ("relax.multiply",))), None)
+    if sigmoid is None or product is None or readers.get(sigmoid, []) != [product]:
+        return None, None
+    args = table[product].args
+    if not (any(a.same_as(var) for a in args) and any(a.same_as(sigmoid) for a in args)):
+        return None, None
+    if all(r in core_inputs and table[r].args[0].same_as(product) for r in readers.get(product, [])):
+        return None, None  # the next layer quantizes it as its input anyway
+    return product, table[product]
+
+
+def _readers(func) -> dict:
+    """var -> the vars of the bindings that read it, in order (each once)."""
+    readers: dict = {}
+    for b in bindings(func):
+        seen = []
+        relax.analysis.post_order_visit(b.value, lambda e: seen.append(e) if isinstance(e, relax.Var) else None)
+        for v in dict.fromkeys(seen):
+            readers.setdefault(v, []).append(b.var)
+    return readers
+
+
 def find_layers(mod: tvm.IRModule) -> list[Layer]:
     """The quantizable layers of ``mod["main"]`` (a :func:`prepare`-d module), in execution order."""
     func = mod["main"]
@@ -102,6 +139,7 @@ def find_layers(mod: tvm.IRModule) -> list[Layer]:
             b.value, lambda e, b=b: consumer.setdefault(e, b) if isinstance(e, relax.Var) else None
         )
     cores = [b for b in bindings(func) if _is_op(b.value, _CORE)]
+    readers, core_inputs = _readers(func), {b.var for b in cores}
     attrs = func.attrs
     onnx_names = [str(n) for n in attrs["lowprec.linear_nodes"]] if attrs is not None and "lowprec.linear_nodes" in attrs else []
     layers = []
@@ -138,6 +176,8 @@ def find_layers(mod: tvm.IRModule) -> list[Layer]:
                 operand = value.args[1] if value.args[0].same_as(out_var) else value.args[0]
                 bias_value = np.asarray(constant(operand, lookup), np.float32).reshape(-1)
             out_var, out_call = nxt.var, value
+        act_var, act_call = _silu_after(out_var, table, readers, core_inputs)
         layers.append(Layer(name, kind, b.value, b.value.args[0], weight, out_var, out_call,
-                            x_range=_known_range(b.value.args[0], lookup), bias=bias_value))
+                            x_range=_known_range(b.value.args[0], lookup), bias=bias_value,
+                            activation=act_var, activation_call=act_call))
     return layers

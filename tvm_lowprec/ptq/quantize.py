@@ -164,6 +164,8 @@ def _observed(layer: Layer) -> list[tuple[str, object]]:
     tensors = [(f"layer {layer.name!r} input", layer.x), (f"layer {layer.name!r} output", layer.output)]
     if layer.runtime_weights:
         tensors.append((f"layer {layer.name!r} second input", layer.b))
+    if layer.activation is not None:
+        tensors.append((f"layer {layer.name!r} activation (SiLU)", layer.activation))
     return tensors
 
 
@@ -254,10 +256,12 @@ def plan_layers(layers, stats_by_var, config: QuantConfig, keep_fp32=(), moments
                   else _weight_quant(layer, settings.weights, _hessian(layer, settings.weights, moments)))
         x = None if act is None else _activation_quant(stats_by_var[layer.x], act, layer.x_range)
         output = None if act is None else _activation_quant(stats_by_var[layer.output], act)
+        activation = None if act is None or layer.activation is None else \
+            _activation_quant(stats_by_var[layer.activation], act)
         note = ""
         if isinstance(weight, ConstWeight) and WIDEN_OVERFLOWING_BIAS:
             weight, note = _fit_bias(layer, x, weight)
-        plans.append(LayerPlan(layer, x, weight, output, _scheme(settings, layer), note))
+        plans.append(LayerPlan(layer, x, weight, output, _scheme(settings, layer), note, activation))
     return plans
 
 

@@ -27,6 +27,7 @@ import math
 
 import tvm
 from tvm.s_tir import Schedule
+from tvm.tirx.analysis import undefined_vars
 from tvm.sym.analyzer import Analyzer
 
 from .blocks import root_children, subexpressions
@@ -210,18 +211,21 @@ def _partition_pieces(sch, block) -> bool:
 
 def _reads_run_along(stmt, var) -> bool:
     """Every read's innermost index moves with ``var``: a vector along it reads contiguous runs."""
-    from tvm.tirx.analysis import undefined_vars
-
     reads = [r for r in stmt.reads if r.region]  # scalars aside
     return bool(reads) and all(any(v.same_as(var) for v in undefined_vars(r.region[-1].min)) for r in reads)
 
 
 def _is_padding(stmt) -> bool:
-    """The block stores ``Select(inside, value, constant)``: a padding copy (the stem's padded input,
-    whose padding copy FuseOps merged into the image's quantize-and-transpose)."""
+    """The block stores ``Select(inside, value, pad)`` with ``pad`` the same for every element: a
+    padding copy (the stem's padded input, whose padding copy FuseOps merged into the image's
+    quantize-and-transpose). ``pad`` is a constant or the zero point read from the kernel's parameter
+    (:func:`~tvm_lowprec.kernels.im2col.pad_argument`): anything that reads none of the block's axes."""
     store = stmt.body
     value = getattr(store, "value", None) if isinstance(store, tvm.tirx.BufferStore) else None
-    return isinstance(value, tvm.tirx.Select) and isinstance(value.false_value, (tvm.tirx.IntImm, tvm.tirx.FloatImm))
+    if not isinstance(value, tvm.tirx.Select):
+        return False
+    axes = [iv.var for iv in stmt.iter_vars]
+    return not any(v.same_as(axis) for v in undefined_vars(value.false_value) for axis in axes)
 
 
 def _vectorize_layout_change(sch, block) -> bool:
