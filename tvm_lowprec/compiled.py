@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -12,6 +11,7 @@ import tvm_ffi
 from tvm import relax
 
 from .errors import InputError, LowPrecError
+from .kernel_cost import buffer_bytes, call_ops, param_buffers
 from .native_build import export_in_child, kernel_library, text_in_child
 
 
@@ -102,7 +102,7 @@ def _describe(gvar, func) -> KernelInfo:
         str(intrinsic) if intrinsic is not None else "none",
         tuple(int(s) if hasattr(s, "value") or isinstance(s, int) else str(s) for s in shape),
         str(attrs.get("lowprec.schedule", "default")),
-        _ops(attrs),
+        call_ops(attrs),
         *_traffic(func),
         folded=int(attrs["lowprec.folded"]) if "lowprec.folded" in attrs else None,
     )
@@ -115,10 +115,9 @@ def _traffic(func) -> tuple[int | None, int | None]:
     the last buffer written, the others read). A lookup counts its whole table though it gathers some
     rows. (None, None) where a buffer's shape is symbolic."""
     from tvm.s_tir.analysis import get_sblock_access_region
-    from tvm.tirx.buffer import BufferType
 
-    buffers = [p for p in func.params if isinstance(p.ty, BufferType)]
-    sizes = [_buffer_bytes(b) for b in buffers]
+    buffers = param_buffers(func)
+    sizes = [buffer_bytes(b) for b in buffers]
     if any(size is None for size in sizes):
         return None, None
     if isinstance(func.body, tvm.s_tir.SBlockRealize):
@@ -146,30 +145,6 @@ def _leaf_regions(func) -> tuple[list, list]:
         stack.extend(c for c in (getattr(node, n, None) for n in ("block", "body", "then_case", "else_case"))
                      if isinstance(c, (tvm.tirx.Stmt, tvm.s_tir.SBlock)))
     return reads, writes
-
-
-def _buffer_bytes(buffer) -> int | None:
-    """A buffer's bytes (a bool element takes a byte), or None for a symbolic shape."""
-    if not all(isinstance(d, (int, tvm.tirx.IntImm)) for d in buffer.shape):
-        return None
-    dtype = tvm.DataType(str(buffer.dtype))
-    bits = 8 if str(dtype) == "bool" else dtype.bits * dtype.lanes
-    return math.ceil(math.prod(int(d) for d in buffer.shape) * bits / 8)
-
-
-# the kernels whose profile row reports GOPS; the others report % of the copy bandwidth
-_COMPUTE_OPS = ("qgemm", "qgemm16", "qdepthwise", "nbits_gemm", "fp32_gemm", "bf16_gemm", "fp8_weights")
-
-
-def _ops(attrs) -> int | None:
-    """2 x the multiply-adds of one call: a GEMM's M·N·K (times its batch; a 4-bit weight-only GEMM's
-    too, and the float GEMMs': FP32, its implicit-GEMM convolutions, BF16, FP8 weights), a depthwise
-    convolution's output size times its window."""
-    op, shape = attrs.get("lowprec.op", None), attrs.get("lowprec.shape", None)
-    if op not in _COMPUTE_OPS or shape is None:
-        return None
-    count = 2 * math.prod(int(s) for s in shape)
-    return count * max(int(attrs.get("lowprec.batch", 0)), 1) if op == "qgemm" else count
 
 
 def _op_of(name: str) -> str:
@@ -491,7 +466,7 @@ def _isolated_seconds(lowered, target, device, names, min_repeat_ms: int = 20, r
     funcs = {}
     for gvar, func in lowered.functions.items():
         if gvar.name_hint in names and isinstance(func, tvm.tirx.PrimFunc):
-            if all(_buffer_bytes(p) is not None for p in func.params if hasattr(p, "shape")):
+            if all(buffer_bytes(p) is not None for p in func.params if hasattr(p, "shape")):
                 funcs[gvar.name_hint] = func.with_attr("global_symbol", gvar.name_hint)
     if not funcs:
         return {}

@@ -40,6 +40,7 @@ from .quant.qdq_to_integer import rewrite_module
 from .quant.row_ops import row_ops_module
 from .quant.through_concat import through_concat_module
 from .quant.weight_only import weight_only_module
+from .parallel_grain import serialize_small_kernels
 from .schedule import schedule_func
 from .schedule.column_tail import overlap_column_tail
 from .schedule.generic import ATTR as GENERIC
@@ -73,6 +74,7 @@ def schedule_module(spec, tuned=None):
             scheduled = overlap_column_tail(sch.mod["main"])  # a qgemm's last column vector unpredicated
             if fused is not None:
                 scheduled = attach(scheduled, fused, spec.lookup_intrin)
+            scheduled = serialize_small_kernels(scheduled)  # a few microseconds of work: no thread launch
             scheduled = scheduled.with_attr("tir.is_scheduled", True)
             source = "generic" if scheduled.attrs.get(GENERIC, None) is not None else "default"
             updates[gvar] = scheduled.with_attr("lowprec.schedule", "tuned" if from_database else source)

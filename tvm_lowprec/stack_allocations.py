@@ -20,6 +20,9 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from .kernel_cost import buffer_bytes
+from .tir_nest import map_nest
+
 PIPELINE = "lowprec"
 # the largest allocation kept on the stack: a 6x4 tile of zmm accumulators is 1.5 KiB, an 8-bit A
 # panel copy of a few rows a few KiB; a thread's stack is megabytes (TVM's pool threads: the
@@ -28,53 +31,19 @@ STACK_BYTES = 8192
 DISABLE_LOWER = "disable_lower_builtin"  # TVM's kDisableLowerTVMBuiltin
 
 
-def _constant_bytes(buffer) -> int | None:
-    size = tvm.DataType(buffer.dtype).bits * tvm.DataType(buffer.dtype).lanes // 8
-    for extent in buffer.shape:
-        if not isinstance(extent, tirx.IntImm):
-            return None
-        size *= int(extent)
-    return size
-
-
-def _map_allocations(stmt, rewrite):
-    """``stmt`` with each ``AllocBuffer`` replaced by ``rewrite(alloc)``, through the statements that
-    nest others (sequences, loops, attributes, branches): a lowered kernel's nest, as deep as its loops."""
-    if isinstance(stmt, tirx.AllocBuffer):
-        return rewrite(stmt)
-    if isinstance(stmt, tirx.SeqStmt):
-        items = [_map_allocations(item, rewrite) for item in stmt]
-        return stmt if all(a.same_as(b) for a, b in zip(items, stmt)) else tirx.SeqStmt(items)
-    if isinstance(stmt, tirx.For):
-        body = _map_allocations(stmt.body, rewrite)
-        return stmt if body.same_as(stmt.body) else tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
-                                                             stmt.thread_binding, stmt.annotations)
-    if isinstance(stmt, tirx.While):
-        body = _map_allocations(stmt.body, rewrite)
-        return stmt if body.same_as(stmt.body) else tirx.While(stmt.condition, body)
-    if isinstance(stmt, tirx.AttrStmt):
-        body = _map_allocations(stmt.body, rewrite)
-        return stmt if body.same_as(stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
-    if isinstance(stmt, tirx.IfThenElse):
-        then_case = _map_allocations(stmt.then_case, rewrite)
-        else_case = None if stmt.else_case is None else _map_allocations(stmt.else_case, rewrite)
-        if then_case.same_as(stmt.then_case) and (else_case is None or else_case.same_as(stmt.else_case)):
-            return stmt
-        return tirx.IfThenElse(stmt.condition, then_case, else_case)
-    return stmt
-
-
 def keep_on_stack(func: tirx.PrimFunc, limit: int = STACK_BYTES) -> tirx.PrimFunc:
     """``func`` with its constant-size allocations of at most ``limit`` bytes marked to stay on the stack."""
 
     def rewrite(alloc):
-        size = _constant_bytes(alloc.buffer)
+        if not isinstance(alloc, tirx.AllocBuffer):
+            return None
+        size = buffer_bytes(alloc.buffer)
         annotations = dict(alloc.annotations) if alloc.annotations is not None else {}
         if size is None or size > limit or DISABLE_LOWER in annotations:
             return alloc
         return tirx.AllocBuffer(alloc.buffer, {**annotations, DISABLE_LOWER: tirx.IntImm("int32", 1)})
 
-    body = _map_allocations(func.body, rewrite)
+    body = map_nest(func.body, rewrite)
     return func if body.same_as(func.body) else func.with_body(body)
 
 

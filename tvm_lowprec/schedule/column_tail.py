@@ -22,10 +22,11 @@ columns (``N mod (lanes x nr)`` is 0 or at least ``lanes``); otherwise the funct
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir import SBlockRealize
 from tvm.sym.pattern import detect_linear_equation
 from tvm.tirx.analysis import undefined_vars
 
+from ..tir_nest import map_nest
 from .qgemm import gemm_rows
 
 
@@ -38,35 +39,6 @@ def _conjuncts(expr):
 
 def _uses(expr, var) -> bool:
     return any(v.same_as(var) for v in undefined_vars(expr))
-
-
-def _map_loops(stmt, rewrite):
-    """``stmt`` with every ``For`` that ``rewrite`` returns a statement for replaced by it (None: kept,
-    its body searched), through sequences, loops, blocks and branches (the loop nest of a schedule,
-    as deep as its loops)."""
-    if isinstance(stmt, tirx.For):
-        new = rewrite(stmt)
-        if new is not None:
-            return new
-        body = _map_loops(stmt.body, rewrite)
-        return stmt if body.same_as(stmt.body) else tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
-                                                             stmt.thread_binding, stmt.annotations)
-    if isinstance(stmt, tirx.SeqStmt):
-        items = [_map_loops(item, rewrite) for item in stmt]
-        return stmt if all(a.same_as(b) for a, b in zip(items, stmt)) else tirx.SeqStmt(items)
-    if isinstance(stmt, SBlockRealize):
-        block = stmt.block
-        body = _map_loops(block.body, rewrite)
-        if body.same_as(block.body):
-            return stmt
-        block = SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
-                       block.alloc_buffers, block.match_buffers, block.annotations)
-        return SBlockRealize(stmt.iter_values, stmt.predicate, block)
-    if isinstance(stmt, tirx.IfThenElse):
-        then_case = _map_loops(stmt.then_case, rewrite)
-        else_case = None if stmt.else_case is None else _map_loops(stmt.else_case, rewrite)
-        return tirx.IfThenElse(stmt.condition, then_case, else_case)
-    return stmt
 
 
 def overlap_column_tail(func):
@@ -83,6 +55,8 @@ def overlap_column_tail(func):
         return func
 
     def rewrite(loop):
+        if not isinstance(loop, tirx.For):
+            return None
         realize = loop.body
         if (loop.kind != tirx.ForKind.VECTORIZED or not isinstance(realize, SBlockRealize)
                 or realize.block.name_hint != "epilogue" or not isinstance(loop.extent, tirx.IntImm)
@@ -101,5 +75,5 @@ def overlap_column_tail(func):
         realize = SBlockRealize([*realize.iter_values[:-1], column], predicate, realize.block)
         return tirx.For(lane, loop.min, loop.extent, loop.kind, realize, loop.thread_binding, loop.annotations)
 
-    body = _map_loops(func.body, rewrite)
+    body = map_nest(func.body, rewrite)
     return func if body.same_as(func.body) else func.with_body(body)
