@@ -59,6 +59,9 @@ class ZooModel:
         ``image``, ``text``, ``audio`` or ``detector`` (what the inputs are).
     tags : tuple of str
         ``cnn``, ``transformer``, ``detector``, ``segmentation``.
+    revision : int
+        Bumped when the export itself changes (e.g. how its random weights are made), so that cached
+        files of the older export are not reused: the cache key ends in ``-r{revision}`` from 1 on.
     """
 
     name: str
@@ -69,6 +72,7 @@ class ZooModel:
     export: Callable[[Path, int, bool], None] = field(repr=False)
     kind: str = "image"
     tags: tuple[str, ...] = ()
+    revision: int = 0
 
     def key(self, size: int, dynamo: bool) -> str:
         """The cache key of one export: name, input size, exporter."""
@@ -77,7 +81,7 @@ class ZooModel:
             exporter = "ultralytics"  # YOLO.export picks its exporter itself
         elif self.source == "keras":
             exporter = "tf2onnx"  # tf2onnx.convert.from_keras, whatever the torch exporter option
-        return f"{self.name}-{size}-{exporter}"
+        return f"{self.name}-{size}-{exporter}" + (f"-r{self.revision}" if self.revision else "")
 
     def resolve_size(self, size: int | None = None, small: bool = False) -> int:
         return size if size is not None else (self.small_size if small else self.size)
@@ -120,6 +124,26 @@ def _quiet():
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         yield
+
+
+def batchnorm_statistics(model, example_shape: tuple[int, ...], batches: int = 4, batch: int = 8):
+    """``model`` with its batch-norm running statistics measured on random inputs (train mode, a
+    cumulative average over ``batches`` of ``batch`` samples of ``example_shape[1:]``), as training would
+    have left them; back in eval mode. With the default statistics (mean 0, variance 1) a deep random
+    network can make every activation vanish: torchvision's EfficientNet-B0 gives logits of about 1e-14
+    for any image, which no quantizer represents (its output scale was 3.7e-16). Seeded by
+    :data:`MODEL_SEED`."""
+    torch = require("torch")
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average
+    generator = torch.Generator().manual_seed(MODEL_SEED + 1)
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(batch, *example_shape[1:], generator=generator))
+    return model.eval()
 
 
 def seeded(fn: Callable):

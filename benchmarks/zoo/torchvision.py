@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .common import ZooModel, require, seeded, torch_export
+from .common import ZooModel, batchnorm_statistics, require, seeded, torch_export
 
 # torchvision's operators as its C++ extension declares them (torchvision 0.29), names without the
 # "torchvision::" namespace. Only the schemas: no kernels (nothing here calls them).
@@ -94,11 +94,15 @@ def import_torchvision():
     return require("torchvision")
 
 
-def _classifier(builder: str, **kwargs):
+def _classifier(builder: str, statistics: bool = False):
+    """Export torchvision's ``builder`` with random weights; ``statistics``: its batch norms' running
+    statistics measured first (:func:`batchnorm_statistics`)."""
     def export(path: Path, size: int, dynamo: bool) -> None:
         torch = require("torch")
         tv = import_torchvision()
-        model = seeded(lambda: getattr(tv.models, builder)(weights=None, **kwargs))
+        model = seeded(lambda: getattr(tv.models, builder)(weights=None))
+        if statistics:
+            model = batchnorm_statistics(model, (1, 3, size, size))
         torch_export(model, (torch.randn(1, 3, size, size),), path, ["image"], ["logits"], dynamo)
 
     return export
@@ -127,22 +131,30 @@ def _vit(path: Path, size: int, dynamo: bool) -> None:
     torch = require("torch")
     tv = import_torchvision()
     model = seeded(lambda: tv.models.vit_b_16(weights=None, image_size=size))  # size: a multiple of 16
+    # torchvision starts the classifier head at zero (fine-tuning's choice): every image would give the
+    # same logits, and the output check's cosine would be undefined; a small random head instead
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        head = model.heads.head
+        head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * head.in_features ** -0.5)
     torch_export(model, (torch.randn(1, 3, size, size),), path, ["image"], ["logits"], dynamo)
 
 
-def _cnn(name, description, small=128, size=224):
-    return ZooModel(name, "torchvision", description, size, small, _classifier(name), "image", ("cnn",))
+def _cnn(name, description, small=128, size=224, statistics=False):
+    return ZooModel(name, "torchvision", description, size, small, _classifier(name, statistics), "image", ("cnn",),
+                    revision=1 if statistics else 0)
 
 
 MODELS: dict[str, ZooModel] = {m.name: m for m in (
     _cnn("resnet50", "ResNet-50 (torchvision), 1000 classes", small=112),
     _cnn("mobilenet_v3_large", "MobileNetV3-Large (hard-swish, squeeze-excite)"),
-    _cnn("efficientnet_b0", "EfficientNet-B0 (SiLU, squeeze-excite)"),
+    _cnn("efficientnet_b0", "EfficientNet-B0 (SiLU, squeeze-excite)", statistics=True),
     _cnn("convnext_tiny", "ConvNeXt-T (7x7 depthwise, LayerNorm, GELU)", small=112),
     _cnn("regnet_y_400mf", "RegNetY-400MF (group convs, squeeze-excite)"),
     _cnn("shufflenet_v2_x1_0", "ShuffleNetV2 1.0x (channel shuffle)"),
     _cnn("squeezenet1_1", "SqueezeNet 1.1 (fire modules, concat)", small=64),
-    ZooModel("vit_b_16", "torchvision", "ViT-B/16 (12 layers, d 768)", 224, 112, _vit, "image", ("transformer",)),
+    ZooModel("vit_b_16", "torchvision", "ViT-B/16 (12 layers, d 768)", 224, 112, _vit, "image", ("transformer",),
+             revision=1),
     ZooModel("deeplabv3_mobilenet_v3_large", "torchvision", "DeepLabV3 on MobileNetV3-Large (ASPP, 21 classes)",
              320, 160, _segmenter("deeplabv3_mobilenet_v3_large"), "image", ("cnn", "segmentation")),
     ZooModel("lraspp_mobilenet_v3_large", "torchvision", "LR-ASPP on MobileNetV3-Large (21 classes)",
