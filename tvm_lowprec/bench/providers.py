@@ -13,6 +13,7 @@ import math
 import time
 import warnings
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -75,7 +76,23 @@ def ort_session(model, threads: int, optimize: bool = True):
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     source = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # noqa: BLE001 (ORT raises its own pybind classes)
+        if not optimize or ORT_BROKEN_FUSION[1] not in str(err):
+            raise
+    warnings.warn(f"ONNX Runtime could not optimize {model if isinstance(model, (str, Path)) else 'the model'} "
+                  f"(its {ORT_BROKEN_FUSION[0]} fails: '{ORT_BROKEN_FUSION[1]}'); running it with that one "
+                  "optimizer disabled", stacklevel=2)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=[ORT_BROKEN_FUSION[0]])
+
+
+# ONNX Runtime 1.32's MatMulAddFusion fails on transformers' BERT exported by torch's dynamo exporter
+# (a 4-layer BertConfig model, FP32): "Exception during initialization: ... AddInitializedOrtValue
+# Attempt to replace the existing tensor" at ORT_ENABLE_EXTENDED and above; disabling that one fusion
+# (and no other of ORT's fusions) lets the session start
+ORT_BROKEN_FUSION = ("MatMulAddFusion", "Attempt to replace the existing tensor")
 
 
 def ort_runner(session, a: np.ndarray):
