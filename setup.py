@@ -41,6 +41,9 @@ setup(
         # TensorFlow). Co-installs with numpy 2.4, onnx 1.23, protobuf 7 (tensorflow-cpu 2.21, tf2onnx 1.17);
         # where it does not, a separate environment named by TVM_LOWPREC_TF_PYTHON runs the conversion
         # (tensorflow-cpu: the CPU-only wheel, Linux x86-64; elsewhere the tensorflow wheel is the CPU one)
+        # PyTorch's PT2E quantization (prepare_pt2e / convert_pt2e: torchao since torch 2.10), for
+        # tvm_lowprec.from_pt2e and tests/test_pt2e.py
+        "pt2e": ["torch", "torchao"],
         "zoo-tf": ["tensorflow-cpu; platform_system == 'Linux' and platform_machine == 'x86_64'",
                    "tensorflow; platform_system != 'Linux' or platform_machine != 'x86_64'", "tf2onnx"],
     },

@@ -24,6 +24,7 @@ from .compiled import Compiled, InputSpec, KernelInfo
 from .emulation import EmulationError, emulated_executable, execution_mode
 from .errors import DynamicShapeError, InputError, KernelBuildError, LowPrecError, QuantizationParameterError, UnsupportedOperatorError
 from .frontend.onnx import from_onnx
+from .frontend.pt2e import from_pt2e
 from .frontend.relax_module import prepare_module, var_name
 from .ptq import QuantConfig, accuracy_report, quantize
 from .tune import tune
@@ -251,6 +252,7 @@ def _build(mod, spec, num_threads, requant_mode, fast_math, database, emulate, w
 
 
 __all__ = [
+    "from_pt2e",
     "Compiled",
     "DynamicShapeError",
     "EmulationError",
