@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax
 
 import tvm_lowprec
@@ -77,3 +78,24 @@ def test_every_step_is_a_named_pass():
     assert names[0] == "lowprec.PrepareModule" and names[-1] == "lowprec.Lower"
     assert "lowprec.QDQToInteger" in names and "lowprec.ScheduleFuncs" in names
     assert callable(tvm_lowprec.pipeline) and hasattr(tvm_lowprec.pipeline, "high_level")  # module and pass factory
+
+
+def test_our_rules_as_a_dlight_rule_list_schedule_as_compile_does(qdq_cnn):
+    """``tvm.s_tir.dlight.ApplyDefaultSchedule(*tvm_lowprec.schedule.rules(row))`` schedules every kernel
+    of a QDQ CNN exactly as ``ScheduleKernels`` does (structurally equal PrimFuncs), GEMMs included."""
+    from tvm.s_tir import dlight
+
+    model, _x = qdq_cnn
+    row = "x86-avx512-vnni"  # scheduling only: any host
+    before = [transform.PrepareModule(), transform.QDQToInteger(row), *transform.after_qdq_to_integer(row)[:-1]]
+    with tvm_lowprec.tvm_target(row):
+        fused = tvm.transform.Sequential(before)(tvm_lowprec.from_onnx(model))
+        ours = transform.ScheduleKernels(row)(fused)
+        theirs = dlight.ApplyDefaultSchedule(*tvm_lowprec.schedule.rules(row))(fused)
+    kernels = [gv for gv, f in ours.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("lowprec.schedule", None) not in ("view", "none")]
+    assert any(ours[gv].attrs.get("lowprec.op", None) == "qgemm" for gv in kernels)
+    for gv in kernels:
+        assert tvm_ffi.structural_equal(theirs[gv], ours[gv]), gv.name_hint
+    with pytest.raises(NotImplementedError, match="tvm_lowprec.tune"):
+        tvm_lowprec.schedule.rules(row)[0].apply(fused[kernels[0]], None, True)

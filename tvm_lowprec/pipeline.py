@@ -61,28 +61,35 @@ def schedule_module(spec, tuned=None):
         for gvar, func in mod.functions.items():
             if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs.get("tir.is_scheduled", False):
                 continue
-            if relax.analysis.has_reshape_pattern(func):  # a view: TVM's lowering makes it a no-copy reshape
-                updates[gvar] = func.with_attr("lowprec.schedule", "view")
-                continue
-            fused, func = (func, gemm_part(func)) if is_fused(func) else (None, func)  # a GEMM with its lookup
-            sch = tuned(func) if tuned is not None else None
-            from_database = sch is not None
-            sch = sch if from_database else schedule_func(func, spec)
-            if sch is None:  # no rule accepts it: TVM lowers its loops as written (serial, scalar)
-                updates[gvar] = (fused if fused is not None else func).with_attr("lowprec.schedule", "none")
-                continue
-            scheduled = overlap_column_tail(sch.mod["main"])  # a qgemm's last column vector unpredicated
-            if fused is not None:
-                scheduled = attach(scheduled, fused, spec.lookup_intrin)
-            scheduled = serialize_small_kernels(scheduled)  # a few microseconds of work: no thread launch
-            scheduled = scheduled.with_attr("tir.is_scheduled", True)
-            source = "generic" if scheduled.attrs.get(GENERIC, None) is not None else "default"
-            updates[gvar] = scheduled.with_attr("lowprec.schedule", "tuned" if from_database else source)
+            updates[gvar] = schedule_kernel(func, spec, tuned)
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
 
     return _pass
+
+
+def schedule_kernel(func, spec, tuned=None, rules=None, keep_unscheduled: bool = True):
+    """One kernel as :func:`schedule_module` schedules it: ``tuned(func)`` first where given, else the
+    first of ``rules`` (the row's table by default) that accepts it; then the steps every scheduled
+    kernel takes (the qgemm's column tail, a fused lookup attached, small kernels serial) and the
+    ``lowprec.schedule`` attribute. A kernel no rule accepts comes back marked ``"none"``, or as None
+    where ``keep_unscheduled`` is false."""
+    if relax.analysis.has_reshape_pattern(func):  # a view: TVM's lowering makes it a no-copy reshape
+        return func.with_attr("lowprec.schedule", "view") if keep_unscheduled else None
+    fused, func = (func, gemm_part(func)) if is_fused(func) else (None, func)  # a GEMM with its lookup
+    sch = tuned(func) if tuned is not None else None
+    from_database = sch is not None
+    sch = sch if from_database else schedule_func(func, spec, rules)
+    if sch is None:  # no rule accepts it: TVM lowers its loops as written (serial, scalar)
+        return (fused if fused is not None else func).with_attr("lowprec.schedule", "none") if keep_unscheduled else None
+    scheduled = overlap_column_tail(sch.mod["main"])  # a qgemm's last column vector unpredicated
+    if fused is not None:
+        scheduled = attach(scheduled, fused, spec.lookup_intrin)
+    scheduled = serialize_small_kernels(scheduled)  # a few microseconds of work: no thread launch
+    scheduled = scheduled.with_attr("tir.is_scheduled", True)
+    source = "generic" if scheduled.attrs.get(GENERIC, None) is not None else "default"
+    return scheduled.with_attr("lowprec.schedule", "tuned" if from_database else source)
 
 
 def high_level(mod, spec, requant_mode: str = "float", fast_math: bool = True, tuned=None, weight_only=None):

@@ -1,6 +1,7 @@
 """Schedule rules: each takes a PrimFunc and a TargetSpec and returns a Schedule, or None to decline."""
 
 from tvm.s_tir.dlight import cpu as _dlight_cpu
+from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight import gpu as _dlight_gpu
 
 from .bf16_gemm import Bf16GemmRule
@@ -50,6 +51,48 @@ def schedule_func(func, spec, rules=None):
     return None
 
 
+class _Scheduled:
+    """What dlight's ``ApplyDefaultSchedule`` reads of a rule's result: ``.mod["main"]``."""
+
+    def __init__(self, func):
+        import tvm
+
+        self.mod = tvm.IRModule({"main": func})
+
+
+class _AsDlightRule(ScheduleRule):
+    """One of our rules as a dlight ``ScheduleRule`` (``apply(func, target, tunable)``): the kernel
+    scheduled as ``tvm_lowprec.compile`` schedules it (:func:`tvm_lowprec.pipeline.schedule_kernel`:
+    the rule, then the steps every kernel takes), or None where the rule declines."""
+
+    def __init__(self, rule, spec):
+        self.rule, self.spec = rule, spec
+
+    def apply(self, func, target, tunable):  # noqa: ARG002 - dlight's signature
+        from ..pipeline import schedule_kernel
+
+        if tunable:
+            raise NotImplementedError("tvm_lowprec.schedule.rules are default schedules (tunable=False); tune with "
+                                      "tvm_lowprec.tune, whose search spaces keep the intrinsics")
+        if func.attrs is not None and func.attrs.get("tir.is_scheduled", False):
+            return None  # built scheduled (a lookup kernel): nothing to do, as in ScheduleKernels
+        scheduled = schedule_kernel(func, self.spec, rules=(self.rule,), keep_unscheduled=False)
+        return None if scheduled is None else [_Scheduled(scheduled)]
+
+    def __repr__(self):
+        return f"{type(self.rule).__name__}@{self.spec.name}"
+
+
+def rules(target="native") -> list:
+    """The row's schedule rules as a dlight-style rule list, in priority order, for
+    ``tvm.s_tir.dlight.ApplyDefaultSchedule(*rules(target))`` (with the row's TVM target in scope):
+    each schedules a kernel as ``tvm_lowprec.compile`` would, or declines."""
+    from ..targets import resolve_target
+
+    spec = resolve_target(target)
+    return [_AsDlightRule(rule, spec) for rule in RULES[spec.device]]
+
+
 __all__ = ["Bf16GemmRule", "ByteTransposeRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
            "ElementwiseRule", "Fp32DepthwiseRule", "GenericRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
-           "RULES", "ResizeRule", "RowOpRule", "SeparablePoolRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "schedule_func"]
+           "RULES", "ResizeRule", "RowOpRule", "SeparablePoolRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "rules", "schedule_func"]
