@@ -318,8 +318,50 @@ class Swish(_tvm_onnx.OnnxOpConverter):
         return relax.op.multiply(x, relax.op.sigmoid(relax.op.multiply(alpha, x)))
 
 
+def _rms_axes(x, axis: int) -> list[int]:
+    ndim = len(x.ty.shape)
+    return list(range(axis % ndim, ndim))
+
+
+class SimplifiedLayerNormalization(_tvm_onnx.OnnxOpConverter):
+    """ONNX Runtime's RMS norm (contrib, the ONNX domain): ``x / sqrt(mean(x^2, axis..-1) + epsilon) * scale``
+    (``relax.op.nn.rms_norm``), as ORT GenAI's builder writes every decoder norm. The optional second output
+    (the inverse standard deviation) is not produced."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x, scale = inputs[0], inputs[1]
+        axes = _rms_axes(x, int(attr.get("axis", -1)))
+        out = relax.op.nn.rms_norm(x, scale, axes=axes, epsilon=float(attr.get("epsilon", 1e-5)))
+        return relax.Tuple([out, relax.const(0.0, str(x.ty.dtype))])
+
+
+class SkipSimplifiedLayerNormalization(_tvm_onnx.OnnxOpConverter):
+    """ONNX Runtime's ``com.microsoft.SkipSimplifiedLayerNormalization``: ``s = input + skip (+ bias)``, the
+    RMS norm of ``s`` over the last axis times ``gamma``; outputs (output, mean, inv_std_var,
+    input_skip_bias_sum), of which the first and the last (the residual ORT GenAI's builder passes on) are
+    produced."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x, skip, gamma = inputs[0], inputs[1], inputs[2]
+        bias = inputs[3] if len(inputs) > 3 else None
+        total = bb.normalize(relax.op.add(x, skip))
+        if bias is not None:
+            total = bb.normalize(relax.op.add(total, bias))
+        out = relax.op.nn.rms_norm(total, gamma, axes=[-1], epsilon=float(attr.get("epsilon", 1e-5)))
+        unused = relax.const(0.0, str(x.ty.dtype))
+        return relax.Tuple([out, unused, unused, total])
+
+
 EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "QuantizeLinear": QuantizeLinear,
-                    "DequantizeLinear": DequantizeLinear, "Celu": Celu, "Swish": Swish}
+                    "DequantizeLinear": DequantizeLinear, "Celu": Celu, "Swish": Swish,
+                    "SimplifiedLayerNormalization": SimplifiedLayerNormalization,
+                    "SkipSimplifiedLayerNormalization": SkipSimplifiedLayerNormalization}
+# the converters above for operators ONNX Runtime defines in its own domain (TVM's importer keys its
+# table by operator name alone; from_onnx's check accepts these names in this domain too)
+CONTRIB_DOMAIN = "com.microsoft"
+CONTRIB_CONVERTERS = frozenset({"SkipSimplifiedLayerNormalization"})
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from collections import defaultdict
 import onnx
 
 from ..errors import DynamicShapeError, LowPrecError, UnsupportedOperatorError
-from .converters import EXTRA_CONVERTERS, extra_converters
+from .converters import CONTRIB_CONVERTERS, CONTRIB_DOMAIN, EXTRA_CONVERTERS, extra_converters
 from .fold_batchnorm import fold_batchnorm
 from .conv1d import conv1d_as_conv2d
 from .fold_shapes import dynamic_report, fold_shapes
@@ -47,7 +47,7 @@ def check_operators(model: onnx.ModelProto) -> None:
     supported = supported_operators()
     bad = defaultdict(list)
     for i, node in enumerate(model.graph.node):
-        domain_ok = node.domain in ("", "ai.onnx")
+        domain_ok = node.domain in ("", "ai.onnx") or (node.domain == CONTRIB_DOMAIN and node.op_type in CONTRIB_CONVERTERS)
         if not domain_ok or node.op_type not in supported:
             bad[(node.domain, node.op_type)].append(node.name or f"#{i} -> {', '.join(node.output)}")
         for attr in node.attribute:  # blocked Q/DQ: integer types (converters.py), not float8 yet
