@@ -1,7 +1,7 @@
 """ONNX Runtime's decoder operators as ORT GenAI's model builder writes them (issue: language models
-with 4-bit weights): SimplifiedLayerNormalization (ONNX domain) and
-com.microsoft.SkipSimplifiedLayerNormalization, against a numpy reference of ORT's definition and
-against ONNX Runtime itself."""
+with 4-bit weights): SimplifiedLayerNormalization (ONNX domain),
+com.microsoft.SkipSimplifiedLayerNormalization and com.microsoft.RotaryEmbedding, against a numpy
+reference of ORT's definition and against ONNX Runtime itself."""
 
 from __future__ import annotations
 
@@ -61,3 +61,35 @@ def test_another_contrib_operator_is_still_named():
     model.graph.node.append(helper.make_node("GroupQueryAttention", ["y"], ["z"], domain="com.microsoft"))
     with pytest.raises(tvm_lowprec.UnsupportedOperatorError, match="com.microsoft::GroupQueryAttention"):
         tvm_lowprec.from_onnx(model)
+
+
+def _rotary_model(shape, positions_shape, interleaved: int, rotary_dim: int, heads: int, max_seq: int = 32):
+    rng = np.random.default_rng(2)
+    half = (rotary_dim or (shape[-1] // heads if len(shape) == 3 else shape[-1])) // 2
+    angles = rng.random((max_seq, half)) * np.pi
+    caches = [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"),
+              numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin")]
+    attrs = dict(interleaved=interleaved, rotary_embedding_dim=rotary_dim, num_heads=heads)  # ORT wants num_heads
+    node = helper.make_node("RotaryEmbedding", ["x", "positions", "cos", "sin"], ["y"], domain="com.microsoft", **attrs)
+    graph = helper.make_graph([node], "rotary", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape)),
+                                                 helper.make_tensor_value_info("positions", TensorProto.INT64, list(positions_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], caches)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("shape,positions,interleaved,rotary_dim", [
+    ((2, 5, 4 * 16), (2, 5), 0, 0),   # 3-D [batch, seq, heads * head], halves rotated
+    ((2, 5, 4 * 16), (2, 5), 1, 0),   # neighbours rotated
+    ((1, 3, 5, 16), (1, 5), 0, 8),    # 4-D [batch, heads, seq, head], half the head rotated
+    ((1, 7, 2 * 16), (1,), 1, 0),     # one start position (a decode step's offset)
+], ids=["3d-halves", "3d-interleaved", "4d-partial", "start-position"])
+def test_rotary_embedding_matches_ort(shape, positions, interleaved, rotary_dim):
+    heads = shape[1] if len(shape) == 4 else shape[-1] // 16
+    model = _rotary_model(shape, positions, interleaved, rotary_dim, heads)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    seq = shape[1] if len(shape) == 3 else shape[2]
+    pos = (np.array([9]) if positions == (1,) else rng.integers(0, 32 - seq, positions)).astype(np.int64)
+    got = np.asarray(tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")(x, pos)[0])
+    want = ort_session(model).run(None, {"x": x, "positions": pos})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -4,7 +4,9 @@
 importer lacks, become their element-wise formulas. ``ConvInteger`` is an int32 convolution of zero-point-shifted 8-bit operands; it has no float
 equivalent in ONNX (a float Conv loses exactness past 2**24), so it is converted here, into the same
 ``astype -> subtract -> conv2d`` shape that ``MatMulInteger`` takes, which the integer rewrite matches.
-The importer is given these converters only for the duration of :func:`tvm_lowprec.from_onnx`.
+ONNX Runtime's decoder operators as its GenAI model builder writes them (``SimplifiedLayerNormalization``,
+``com.microsoft.SkipSimplifiedLayerNormalization`` and ``RotaryEmbedding``) become Relax's RMS norm and
+the rotary formula. The importer is given these converters only for the duration of :func:`tvm_lowprec.from_onnx`.
 """
 
 from __future__ import annotations
@@ -354,14 +356,76 @@ class SkipSimplifiedLayerNormalization(_tvm_onnx.OnnxOpConverter):
         return relax.Tuple([out, unused, unused, total])
 
 
+def _last_slice(bb, x, begin: int, end: int):
+    return bb.normalize(relax.op.strided_slice(x, axes=[len(x.ty.shape) - 1], begin=[begin], end=[end]))
+
+
+class RotaryEmbedding(_tvm_onnx.OnnxOpConverter):
+    """ONNX Runtime's ``com.microsoft.RotaryEmbedding``: rotary position embedding of ``input`` (3-D
+    ``[batch, seq, num_heads * head]`` with the ``num_heads`` attribute, or 4-D ``[batch, num_heads, seq,
+    head]``), the angles' cosines and sines gathered from ``cos_cache`` / ``sin_cache`` (``[max_seq,
+    rotary_dim / 2]``) at ``position_ids`` (``[batch, seq]``, or one start position ``[1]``): per pair
+    ``(x1, x2)`` of the first ``rotary_embedding_dim`` (default: the whole head) values of a head,
+    ``(x1 cos - x2 sin, x2 cos + x1 sin)``, the pairs being the two halves of that range, or neighbours where
+    ``interleaved``; the rest of the head unchanged. Static shapes (``from_onnx`` fixes them)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x, positions, cos_cache, sin_cache = inputs[:4]
+        shape = [int(d) for d in x.ty.shape]
+        if len(shape) == 3:
+            heads = int(attr.get("num_heads", 0))
+            if heads <= 0:
+                raise UnsupportedOperatorError("RotaryEmbedding on a 3-D input needs its num_heads attribute")
+            batch, seq, hidden = shape
+            heads_shape, seq_axis = (batch, seq, heads, hidden // heads), 1
+        elif len(shape) == 4:
+            batch, heads, seq, _head = shape
+            heads_shape, seq_axis = tuple(shape), 2
+        else:
+            raise UnsupportedOperatorError(f"RotaryEmbedding on a {len(shape)}-D input (3-D or 4-D are defined)")
+        head = heads_shape[-1]
+        rotary = int(attr.get("rotary_embedding_dim", 0)) or head
+        half = rotary // 2
+        if int(positions.ty.shape[0]) == 1 and len(positions.ty.shape) == 1:  # one start position
+            steps = relax.op.arange(0, seq, 1, str(positions.ty.dtype))
+            positions = bb.normalize(relax.op.add(relax.op.expand_dims(steps, 0), positions))
+        angles = []
+        for cache in (cos_cache, sin_cache):
+            table = bb.normalize(relax.op.take(cache, positions, axis=0))  # [batch or 1, seq, half]
+            lead = int(table.ty.shape[0])
+            view = (lead, seq, 1, half) if seq_axis == 1 else (lead, 1, seq, half)
+            angles.append(bb.normalize(relax.op.reshape(table, view)))
+        cos, sin = angles
+        xh = bb.normalize(relax.op.reshape(x, heads_shape))
+        rotated = _last_slice(bb, xh, 0, rotary) if rotary < head else xh
+        if int(attr.get("interleaved", 0)):
+            pairs = bb.normalize(relax.op.reshape(rotated, (*heads_shape[:-1], half, 2)))
+            x1 = bb.normalize(relax.op.reshape(_last_slice(bb, pairs, 0, 1), (*heads_shape[:-1], half)))
+            x2 = bb.normalize(relax.op.reshape(_last_slice(bb, pairs, 1, 2), (*heads_shape[:-1], half)))
+        else:
+            x1, x2 = _last_slice(bb, rotated, 0, half), _last_slice(bb, rotated, half, rotary)
+        first = relax.op.subtract(relax.op.multiply(x1, cos), relax.op.multiply(x2, sin))
+        second = relax.op.add(relax.op.multiply(x2, cos), relax.op.multiply(x1, sin))
+        if int(attr.get("interleaved", 0)):
+            both = relax.op.concat([relax.op.expand_dims(first, -1), relax.op.expand_dims(second, -1)], axis=-1)
+            out = relax.op.reshape(both, (*heads_shape[:-1], rotary))
+        else:
+            out = relax.op.concat([first, second], axis=-1)
+        if rotary < head:
+            out = relax.op.concat([out, _last_slice(bb, xh, rotary, head)], axis=-1)
+        return relax.op.reshape(out, shape)
+
+
 EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "QuantizeLinear": QuantizeLinear,
                     "DequantizeLinear": DequantizeLinear, "Celu": Celu, "Swish": Swish,
                     "SimplifiedLayerNormalization": SimplifiedLayerNormalization,
-                    "SkipSimplifiedLayerNormalization": SkipSimplifiedLayerNormalization}
+                    "SkipSimplifiedLayerNormalization": SkipSimplifiedLayerNormalization,
+                    "RotaryEmbedding": RotaryEmbedding}
 # the converters above for operators ONNX Runtime defines in its own domain (TVM's importer keys its
 # table by operator name alone; from_onnx's check accepts these names in this domain too)
 CONTRIB_DOMAIN = "com.microsoft"
-CONTRIB_CONVERTERS = frozenset({"SkipSimplifiedLayerNormalization"})
+CONTRIB_CONVERTERS = frozenset({"SkipSimplifiedLayerNormalization", "RotaryEmbedding"})
 
 
 @contextlib.contextmanager
