@@ -360,6 +360,36 @@ def _last_slice(bb, x, begin: int, end: int):
     return bb.normalize(relax.op.strided_slice(x, axes=[len(x.ty.shape) - 1], begin=[begin], end=[end]))
 
 
+def _rotate(bb, xh, cos, sin, rotary: int, interleaved: int):
+    """Rotary embedding of ``xh`` (heads on the second-to-last axis, the head last) by ``cos``/``sin``
+    (broadcast over the heads, ``rotary / 2`` wide): pairs ``(x1, x2)`` of the first ``rotary`` values,
+    halves or neighbours, become ``(x1 cos - x2 sin, x2 cos + x1 sin)``; the rest of the head is kept."""
+    heads_shape = [int(d) for d in xh.ty.shape]
+    head, half = heads_shape[-1], rotary // 2
+    rotated = _last_slice(bb, xh, 0, rotary) if rotary < head else xh
+    if interleaved:
+        pairs = bb.normalize(relax.op.reshape(rotated, (*heads_shape[:-1], half, 2)))
+        x1 = bb.normalize(relax.op.reshape(_last_slice(bb, pairs, 0, 1), (*heads_shape[:-1], half)))
+        x2 = bb.normalize(relax.op.reshape(_last_slice(bb, pairs, 1, 2), (*heads_shape[:-1], half)))
+    else:
+        x1, x2 = _last_slice(bb, rotated, 0, half), _last_slice(bb, rotated, half, rotary)
+    first = relax.op.subtract(relax.op.multiply(x1, cos), relax.op.multiply(x2, sin))
+    second = relax.op.add(relax.op.multiply(x2, cos), relax.op.multiply(x1, sin))
+    if interleaved:
+        both = relax.op.concat([relax.op.expand_dims(first, -1), relax.op.expand_dims(second, -1)], axis=-1)
+        out = relax.op.reshape(both, (*heads_shape[:-1], rotary))
+    else:
+        out = relax.op.concat([first, second], axis=-1)
+    if rotary < head:
+        out = relax.op.concat([out, _last_slice(bb, xh, rotary, head)], axis=-1)
+    return bb.normalize(out)
+
+
+def _gathered_angles(bb, cache, positions, view):
+    """``cache[positions]`` (``[.., half]``) reshaped to ``view``, to broadcast over the heads."""
+    return bb.normalize(relax.op.reshape(relax.op.take(cache, positions, axis=0), view))
+
+
 class RotaryEmbedding(_tvm_onnx.OnnxOpConverter):
     """ONNX Runtime's ``com.microsoft.RotaryEmbedding``: rotary position embedding of ``input`` (3-D
     ``[batch, seq, num_heads * head]`` with the ``num_heads`` attribute, or 4-D ``[batch, num_heads, seq,
@@ -390,42 +420,110 @@ class RotaryEmbedding(_tvm_onnx.OnnxOpConverter):
         if int(positions.ty.shape[0]) == 1 and len(positions.ty.shape) == 1:  # one start position
             steps = relax.op.arange(0, seq, 1, str(positions.ty.dtype))
             positions = bb.normalize(relax.op.add(relax.op.expand_dims(steps, 0), positions))
-        angles = []
-        for cache in (cos_cache, sin_cache):
-            table = bb.normalize(relax.op.take(cache, positions, axis=0))  # [batch or 1, seq, half]
-            lead = int(table.ty.shape[0])
-            view = (lead, seq, 1, half) if seq_axis == 1 else (lead, 1, seq, half)
-            angles.append(bb.normalize(relax.op.reshape(table, view)))
-        cos, sin = angles
+        lead = int(positions.ty.shape[0])
+        view = (lead, seq, 1, half) if seq_axis == 1 else (lead, 1, seq, half)
+        cos, sin = (_gathered_angles(bb, cache, positions, view) for cache in (cos_cache, sin_cache))
         xh = bb.normalize(relax.op.reshape(x, heads_shape))
-        rotated = _last_slice(bb, xh, 0, rotary) if rotary < head else xh
-        if int(attr.get("interleaved", 0)):
-            pairs = bb.normalize(relax.op.reshape(rotated, (*heads_shape[:-1], half, 2)))
-            x1 = bb.normalize(relax.op.reshape(_last_slice(bb, pairs, 0, 1), (*heads_shape[:-1], half)))
-            x2 = bb.normalize(relax.op.reshape(_last_slice(bb, pairs, 1, 2), (*heads_shape[:-1], half)))
-        else:
-            x1, x2 = _last_slice(bb, rotated, 0, half), _last_slice(bb, rotated, half, rotary)
-        first = relax.op.subtract(relax.op.multiply(x1, cos), relax.op.multiply(x2, sin))
-        second = relax.op.add(relax.op.multiply(x2, cos), relax.op.multiply(x1, sin))
-        if int(attr.get("interleaved", 0)):
-            both = relax.op.concat([relax.op.expand_dims(first, -1), relax.op.expand_dims(second, -1)], axis=-1)
-            out = relax.op.reshape(both, (*heads_shape[:-1], rotary))
-        else:
-            out = relax.op.concat([first, second], axis=-1)
-        if rotary < head:
-            out = relax.op.concat([out, _last_slice(bb, xh, rotary, head)], axis=-1)
+        out = _rotate(bb, xh, cos, sin, rotary, int(attr.get("interleaved", 0)))
         return relax.op.reshape(out, shape)
+
+
+class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
+    """ONNX Runtime's ``com.microsoft.GroupQueryAttention`` with separate past and present key/value
+    tensors (what ORT GenAI's builder writes for CPU), static shapes (``from_onnx`` fixes them):
+    ``query`` ``[batch, seq, num_heads * head]`` (or Q, K and V packed in it when ``key`` is absent),
+    ``key``/``value`` ``[batch, seq, kv_num_heads * head]``, ``past_key``/``past_value`` ``[batch,
+    kv_num_heads, past, head]``, ``seqlens_k`` ``[batch]`` (total length - 1 per sequence),
+    ``total_sequence_length``, and with ``do_rotary`` the ``cos_cache``/``sin_cache`` (positions from
+    ``position_ids``, else ``seqlens_k + 1 - seq + i``). Outputs: the attention ``[batch, seq, num_heads *
+    head]`` and ``present_key``/``present_value`` = the past with this step's (rotated) keys and values
+    appended. Query ``i`` of a sequence sees the keys up to its own position (and, with
+    ``local_window_size``, no further back than that window); ``softcap`` bounds the scores with
+    ``softcap * tanh(score / softcap)``; each key/value head serves ``num_heads / kv_num_heads`` query
+    heads; ``scale`` defaults to ``1 / sqrt(head)``. The past must hold exactly the steps before (``seqlens_k
+    + 1 - seq`` of them, as separate past and present tensors have it); a shared past/present buffer of the
+    maximum length is not this form. Declined (a named error): ``attention_bias``, ``head_sink``,
+    ``smooth_softmax``."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        import numpy as np
+
+        def arg(i):
+            return inputs[i] if len(inputs) > i else None
+
+        query, key, value, past_key, past_value, seqlens = (arg(i) for i in range(6))
+        cos_cache, sin_cache, position_ids, bias = arg(7), arg(8), arg(9), arg(10)
+        if bias is not None or arg(11) is not None or int(attr.get("smooth_softmax", 0)):
+            raise UnsupportedOperatorError("GroupQueryAttention with attention_bias, head_sink or smooth_softmax "
+                                           "has no converter")
+        if "num_heads" not in attr or "kv_num_heads" not in attr:
+            raise UnsupportedOperatorError("GroupQueryAttention needs its num_heads and kv_num_heads attributes")
+        heads, kv_heads = int(attr["num_heads"]), int(attr["kv_num_heads"])
+        batch, seq, width = (int(d) for d in query.ty.shape)
+        if key is None:  # Q, K and V packed along the last axis
+            head = width // (heads + 2 * kv_heads)
+            q = _last_slice(bb, query, 0, heads * head)
+            key = _last_slice(bb, query, heads * head, (heads + kv_heads) * head)
+            value = _last_slice(bb, query, (heads + kv_heads) * head, width)
+        else:
+            head, q = width // heads, query
+        past = int(past_key.ty.shape[2]) if past_key is not None else 0
+        f32 = str(query.ty.dtype)
+        q = bb.normalize(relax.op.reshape(q, (batch, seq, heads, head)))
+        k = bb.normalize(relax.op.reshape(key, (batch, seq, kv_heads, head)))
+        v = bb.normalize(relax.op.reshape(value, (batch, seq, kv_heads, head)))
+        # each query's position: seqlens_k + 1 - seq + i (the steps before it, then its place in this call)
+        steps = relax.op.reshape(relax.op.arange(0, seq, 1, "int64"), (1, seq))
+        start = relax.op.subtract(relax.op.astype(seqlens, "int64"), relax.const(seq - 1, "int64"))
+        positions = bb.normalize(relax.op.add(relax.op.reshape(start, (batch, 1)), steps))  # [batch, seq]
+        if int(attr.get("do_rotary", 0)):
+            rotary = 2 * int(cos_cache.ty.shape[-1])
+            at = positions if position_ids is None else bb.normalize(relax.op.astype(position_ids, "int64"))
+            view = (int(at.ty.shape[0]), seq, 1, rotary // 2)
+            cos, sin = (_gathered_angles(bb, c, at, view) for c in (cos_cache, sin_cache))
+            interleaved = int(attr.get("rotary_interleaved", 0))
+            q, k = _rotate(bb, q, cos, sin, rotary, interleaved), _rotate(bb, k, cos, sin, rotary, interleaved)
+        k = bb.normalize(relax.op.permute_dims(k, [0, 2, 1, 3]))  # [batch, kv_heads, seq, head]
+        v = bb.normalize(relax.op.permute_dims(v, [0, 2, 1, 3]))
+        present_k = bb.normalize(relax.op.concat([past_key, k], axis=2)) if past else k
+        present_v = bb.normalize(relax.op.concat([past_value, v], axis=2)) if past else v
+        total = past + seq
+        group = heads // kv_heads
+        keys = bb.normalize(relax.op.repeat(present_k, group, axis=1)) if group > 1 else present_k
+        values = bb.normalize(relax.op.repeat(present_v, group, axis=1)) if group > 1 else present_v
+        qt = bb.normalize(relax.op.permute_dims(q, [0, 2, 1, 3]))  # [batch, heads, seq, head]
+        scale = float(attr.get("scale", 0.0)) or 1.0 / float(np.sqrt(head))
+        scores = relax.op.multiply(relax.op.matmul(qt, relax.op.permute_dims(keys, [0, 1, 3, 2])),
+                                   relax.const(np.float32(scale), f32))
+        softcap = float(attr.get("softcap", 0.0))
+        if softcap > 0:
+            cap = relax.const(np.float32(softcap), f32)
+            scores = relax.op.multiply(relax.op.tanh(relax.op.divide(scores, cap)), cap)
+        key_at = relax.op.reshape(relax.op.arange(0, total, 1, "int64"), (1, 1, 1, total))
+        query_at = bb.normalize(relax.op.reshape(positions, (batch, 1, seq, 1)))
+        window = int(attr.get("local_window_size", -1))
+        if window > 0:  # 0 <= query - key < window, as one unsigned compare (LLVM rejected the and of two masks)
+            distance = relax.op.astype(relax.op.subtract(query_at, key_at), "uint64")
+            visible = relax.op.less(distance, relax.const(window, "uint64"))
+        else:
+            visible = relax.op.less_equal(key_at, query_at)
+        lowest = relax.const(np.float32(np.finfo(np.float32).min), f32)
+        probs = relax.op.nn.softmax(relax.op.where(visible, scores, lowest), axis=-1)
+        out = relax.op.permute_dims(relax.op.matmul(probs, values), [0, 2, 1, 3])
+        out = relax.op.reshape(out, (batch, seq, heads * head))
+        return relax.Tuple([out, present_k, present_v])
 
 
 EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "QuantizeLinear": QuantizeLinear,
                     "DequantizeLinear": DequantizeLinear, "Celu": Celu, "Swish": Swish,
                     "SimplifiedLayerNormalization": SimplifiedLayerNormalization,
                     "SkipSimplifiedLayerNormalization": SkipSimplifiedLayerNormalization,
-                    "RotaryEmbedding": RotaryEmbedding}
+                    "RotaryEmbedding": RotaryEmbedding, "GroupQueryAttention": GroupQueryAttention}
 # the converters above for operators ONNX Runtime defines in its own domain (TVM's importer keys its
 # table by operator name alone; from_onnx's check accepts these names in this domain too)
 CONTRIB_DOMAIN = "com.microsoft"
-CONTRIB_CONVERTERS = frozenset({"SkipSimplifiedLayerNormalization", "RotaryEmbedding"})
+CONTRIB_CONVERTERS = frozenset({"SkipSimplifiedLayerNormalization", "RotaryEmbedding", "GroupQueryAttention"})
 
 
 @contextlib.contextmanager
