@@ -44,6 +44,9 @@ setup(
         # PyTorch's PT2E quantization (prepare_pt2e / convert_pt2e: torchao since torch 2.10), for
         # tvm_lowprec.from_pt2e and tests/test_pt2e.py
         "pt2e": ["torch", "torchao"],
+        # decoder language models: random-weight transformers configs exported by ONNX Runtime GenAI's
+        # model builder (benchmarks/models/llm.py, tests/test_genai_decoder.py)
+        "llm": ["torch", "transformers", "onnxruntime-genai"],
         "zoo-tf": ["tensorflow-cpu; platform_system == 'Linux' and platform_machine == 'x86_64'",
                    "tensorflow; platform_system != 'Linux' or platform_machine != 'x86_64'", "tf2onnx"],
     },
