@@ -45,6 +45,13 @@ def write_json(rows: list[dict], meta: dict, path: Path) -> None:
 
 # ---------------------------------------------------------------- Markdown
 
+def markdown_table(head: list[str], rows: list[list], text_columns: int = 1) -> list[str]:
+    """A Markdown table's lines: ``head``, then ``rows`` (cells as ``str``), the first ``text_columns``
+    left-aligned and the rest right-aligned (numbers)."""
+    align = "|" + "---|" * text_columns + "---:|" * (len(head) - text_columns)
+    return ["| " + " | ".join(head) + " |", align] + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
 def _fmt(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 

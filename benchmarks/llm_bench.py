@@ -1,0 +1,124 @@
+"""One decoder step and one prefill of an ORT GenAI export: tvm-lowprec against ONNX Runtime on the same file.
+
+    python benchmarks/llm_bench.py --config qwen2.5-0.5b --threads 1,2 --out benchmarks/results/llm
+
+The model comes from ``benchmarks/models/llm.py`` (random weights, ORT GenAI's builder, int4). Each point
+pins the lengths (``shape_dict``: batch 1, ``--seq`` new tokens after ``--past`` cached ones) and compiles
+once; tvm-lowprec's ``Compiled`` and ``onnxruntime.InferenceSession.run`` on the same inputs are timed
+interleaved and quiesced, each with its default thread policy; tvm-lowprec's 4-bit layers take int8
+activations per block (``--activations int8``, ORT's ``accuracy_level`` 4, which the builder writes) or float. Decode: 1 token after ``--past``; prefill:
+``--prompt`` tokens after a past of 1 (an empty past is not accepted yet). Reported: ms per call,
+tokens/s, the 4-bit weights' bytes per call (``MatMulNBits`` weights, scales and zero points, read once
+per call) as GB/s, and the ratio ORT / tvm-lowprec. Not yet here: ORT GenAI's own generator loop (its
+KV-cache handling), a KV cache updated in place, symbolic lengths (one compile per shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from models.llm import CONFIGS, build  # noqa: E402
+
+from tvm_lowprec.bench.cli_args import parse_threads  # noqa: E402
+from tvm_lowprec.bench.report import markdown_table  # noqa: E402
+
+
+def nbits_bytes(path: Path) -> int:
+    """Bytes of every MatMulNBits' weights, scales and zero points (what one call reads of them)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    inits = {t.name: t for t in model.graph.initializer}
+    total = 0
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            total += sum(numpy_helper.to_array(inits[name]).nbytes for name in node.input[1:4] if name in inits)
+    return total
+
+
+def feed_for(config: str, seq: int, past: int, seed: int = 0) -> dict:
+    cfg = CONFIGS[config]
+    kv, head = cfg["num_key_value_heads"], cfg["hidden_size"] // cfg["num_attention_heads"]
+    rng = np.random.default_rng(seed)
+    feed = {"input_ids": rng.integers(0, cfg["vocab_size"], (1, seq)).astype(np.int64),
+            "attention_mask": np.ones((1, past + seq), np.int64)}
+    for layer in range(cfg["num_hidden_layers"]):
+        for part in ("key", "value"):
+            feed[f"past_key_values.{layer}.{part}"] = rng.standard_normal((1, kv, past, head)).astype(np.float32)
+    return feed
+
+
+def measure(path: Path, config: str, name: str, seq: int, past: int, threads: list[int], weight_bytes: int,
+            activations: str = "float") -> list[dict]:
+    import onnxruntime as ort
+
+    import tvm_lowprec
+    from tvm_lowprec.bench.timing import measure_interleaved, wall_loop
+
+    feed = feed_for(config, seq, past)
+    start = time.perf_counter()
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(str(path), shape_dict={k: v.shape for k, v in feed.items()}),
+                                   target="native", weight_only=tvm_lowprec.WeightOnlyConfig(activations=activations))
+    compile_s = time.perf_counter() - start
+    rows = []
+    for t in threads:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = t
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        compiled.num_threads = t
+        want, got = session.run(None, feed)[0], np.asarray(compiled(**feed)[0])
+        cos = float((want * got).sum() / np.linalg.norm(want) / np.linalg.norm(got))
+        times = measure_interleaved({"tvm-lowprec": wall_loop(lambda: compiled(**feed)),
+                                     "ort": wall_loop(lambda: session.run(None, feed))}, quiesce=True)
+        ours, theirs = times["tvm-lowprec"].seconds, times["ort"].seconds
+        rows.append({"point": name, "activations": activations, "seq": seq, "past": past, "threads": t, "compile_s": round(compile_s, 1),
+                     "tvm_ms": ours * 1e3, "ort_ms": theirs * 1e3, "ratio": theirs / ours,
+                     "tvm_tokens_s": seq / ours, "ort_tokens_s": seq / theirs,
+                     "tvm_weight_gbs": weight_bytes / ours / 1e9, "ort_weight_gbs": weight_bytes / theirs / 1e9,
+                     "logits_cosine": cos})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    parser.add_argument("--threads", type=parse_threads, default=[1, 2])
+    parser.add_argument("--past", type=int, default=128, help="cached tokens before the decode step")
+    parser.add_argument("--prompt", type=int, default=128, help="prefill tokens (after one cached token)")
+    parser.add_argument("--activations", choices=["float", "int8"], default="int8",
+                        help="tvm-lowprec's 4-bit layers: int8 activations per block (as ORT's accuracy_level 4, "
+                             "which ORT GenAI's builder writes; default) or float")
+    parser.add_argument("--models", type=Path, default=Path("/tmp/tvm-lowprec-llm"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/llm"))
+    args = parser.parse_args(argv)
+    path = build(args.config, args.models)
+    weight_bytes = nbits_bytes(path)
+    rows = measure(path, args.config, "decode", 1, args.past, args.threads, weight_bytes, args.activations)
+    rows += measure(path, args.config, "prefill", args.prompt, 1, args.threads, weight_bytes, args.activations)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"config": args.config, "weight_bytes": weight_bytes,
+                                                       "rows": rows}, indent=1))
+    head = ["point", "threads", "compile s", "tvm-lowprec ms", "ORT ms", "ORT / tvm-lowprec", "tvm tokens/s",
+            "ORT tokens/s", "tvm weight GB/s", "ORT weight GB/s", "logits cosine"]
+    body = [[r["point"] + f" ({r['seq']} after {r['past']})", r["threads"], r["compile_s"], f"{r['tvm_ms']:.3f}",
+             f"{r['ort_ms']:.3f}", f"**{r['ratio']:.2f}x**", f"{r['tvm_tokens_s']:.1f}", f"{r['ort_tokens_s']:.1f}",
+             f"{r['tvm_weight_gbs']:.1f}", f"{r['ort_weight_gbs']:.1f}", f"{r['logits_cosine']:.6f}"] for r in rows]
+    text = "\n".join([f"# {args.config} decoder (ORT GenAI builder, int4): tvm-lowprec vs ONNX Runtime", "",
+                      f"tvm-lowprec's activations: {args.activations}", "",
+                      f"4-bit weights read per call: {weight_bytes / 1e6:.1f} MB", "", *markdown_table(head, body)])
+    (args.out / "report.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
