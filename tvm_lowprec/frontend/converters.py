@@ -490,18 +490,20 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
         present_v = bb.normalize(relax.op.concat([past_value, v], axis=2)) if past else v
         total = past + seq
         group = heads // kv_heads
-        keys = bb.normalize(relax.op.repeat(present_k, group, axis=1)) if group > 1 else present_k
-        values = bb.normalize(relax.op.repeat(present_v, group, axis=1)) if group > 1 else present_v
-        qt = bb.normalize(relax.op.permute_dims(q, [0, 2, 1, 3]))  # [batch, heads, seq, head]
+        # query head h reads key/value head h // group: the queries as [batch, kv_heads, group, seq, head]
+        # against the keys as [batch, kv_heads, 1, total, head] (broadcast by the matmul, not copied)
+        qt = bb.normalize(relax.op.reshape(relax.op.permute_dims(q, [0, 2, 1, 3]), (batch, kv_heads, group, seq, head)))
+        keys = bb.normalize(relax.op.reshape(present_k, (batch, kv_heads, 1, total, head)))
+        values = bb.normalize(relax.op.reshape(present_v, (batch, kv_heads, 1, total, head)))
         scale = float(attr.get("scale", 0.0)) or 1.0 / float(np.sqrt(head))
-        scores = relax.op.multiply(relax.op.matmul(qt, relax.op.permute_dims(keys, [0, 1, 3, 2])),
+        scores = relax.op.multiply(relax.op.matmul(qt, relax.op.permute_dims(keys, [0, 1, 2, 4, 3])),
                                    relax.const(np.float32(scale), f32))
         softcap = float(attr.get("softcap", 0.0))
         if softcap > 0:
             cap = relax.const(np.float32(softcap), f32)
             scores = relax.op.multiply(relax.op.tanh(relax.op.divide(scores, cap)), cap)
-        key_at = relax.op.reshape(relax.op.arange(0, total, 1, "int64"), (1, 1, 1, total))
-        query_at = bb.normalize(relax.op.reshape(positions, (batch, 1, seq, 1)))
+        key_at = relax.op.reshape(relax.op.arange(0, total, 1, "int64"), (1, 1, 1, 1, total))
+        query_at = bb.normalize(relax.op.reshape(positions, (batch, 1, 1, seq, 1)))
         window = int(attr.get("local_window_size", -1))
         if window > 0:  # 0 <= query - key < window, as one unsigned compare (LLVM rejected the and of two masks)
             distance = relax.op.astype(relax.op.subtract(query_at, key_at), "uint64")
@@ -510,8 +512,8 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
             visible = relax.op.less_equal(key_at, query_at)
         lowest = relax.const(np.float32(np.finfo(np.float32).min), f32)
         probs = relax.op.nn.softmax(relax.op.where(visible, scores, lowest), axis=-1)
-        out = relax.op.permute_dims(relax.op.matmul(probs, values), [0, 2, 1, 3])
-        out = relax.op.reshape(out, (batch, seq, heads * head))
+        out = relax.op.reshape(relax.op.matmul(probs, values), (batch, heads, seq, head))
+        out = relax.op.reshape(relax.op.permute_dims(out, [0, 2, 1, 3]), (batch, seq, heads * head))
         return relax.Tuple([out, present_k, present_v])
 
 
