@@ -5,7 +5,7 @@ for a few tokens after a past and for one decode step."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +18,17 @@ from reference import cosine
 pytest.importorskip("transformers", reason="the decoder is made by transformers: pip install -e '.[llm]'")
 pytest.importorskip("onnxruntime_genai", reason="ORT GenAI's model builder exports it: pip install -e '.[llm]'")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from models.llm import CONFIGS, build  # noqa: E402
+def _llm_module():
+    """benchmarks/models/llm.py, loaded by its path (the suite's own ``models`` module has that name)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "llm.py"
+    spec = importlib.util.spec_from_file_location("tvm_lowprec_bench_llm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_LLM = _llm_module()
+CONFIGS, build = _LLM.CONFIGS, _LLM.build
 
 
 @pytest.fixture(scope="module")
