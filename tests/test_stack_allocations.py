@@ -9,6 +9,7 @@ from tvm import tirx
 
 import tvm_lowprec
 from tvm_lowprec.stack_allocations import DISABLE_LOWER, STACK_BYTES, keep_on_stack
+from tvm_lowprec.tir_nest import map_nest
 
 from models import qlinear_matmul
 
@@ -35,15 +36,11 @@ def test_small_constant_allocations_are_marked_and_large_ones_left():
     marked = {}
 
     def collect(stmt):
-        if isinstance(stmt, tirx.SeqStmt):
-            for item in stmt:
-                collect(item)
-        elif isinstance(stmt, tirx.For):
-            collect(stmt.body)
-        elif isinstance(stmt, tirx.AllocBuffer):
+        if isinstance(stmt, tirx.AllocBuffer):
             marked[stmt.buffer.name] = DISABLE_LOWER in (stmt.annotations or {})
+        return None
 
-    collect(keep_on_stack(func).body)
+    map_nest(keep_on_stack(func).body, collect)
     assert marked == {"small": True, "big": False}
 
 

@@ -132,14 +132,11 @@ def find_layers(mod: tvm.IRModule) -> list[Layer]:
     func = mod["main"]
     table = {b.var: b.value for b in bindings(func)}
     lookup = table.get
-    uses = _uses(func)
-    consumer = {}
-    for b in bindings(func):
-        relax.analysis.post_order_visit(
-            b.value, lambda e, b=b: consumer.setdefault(e, b) if isinstance(e, relax.Var) else None
-        )
+    uses, readers = _uses(func), _readers(func)
+    by_var = {b.var: b for b in bindings(func)}
+    consumer = {v: by_var[users[0]] for v, users in readers.items()}  # the first binding that reads v
     cores = [b for b in bindings(func) if _is_op(b.value, _CORE)]
-    readers, core_inputs = _readers(func), {b.var for b in cores}
+    core_inputs = {b.var for b in cores}
     attrs = func.attrs
     onnx_names = [str(n) for n in attrs["lowprec.linear_nodes"]] if attrs is not None and "lowprec.linear_nodes" in attrs else []
     layers = []
