@@ -17,16 +17,31 @@ from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
 
+def _seq(stmt) -> list:
+    return list(stmt)
+
+
+def _body(stmt) -> list:
+    return [stmt.body]
+
+
+def _branches(stmt) -> list:
+    return [stmt.then_case] if stmt.else_case is None else [stmt.then_case, stmt.else_case]
+
+
+def _block_body(stmt) -> list:
+    return [stmt.block.body]
+
+
+# by exact type (a dictionary lookup: ``isinstance`` on TVM's node classes goes through ``abc`` and was
+# most of a walk's time); the statement classes are final
+_CHILDREN = {tirx.SeqStmt: _seq, tirx.For: _body, tirx.While: _body, tirx.AttrStmt: _body,
+             tirx.IfThenElse: _branches, SBlockRealize: _block_body}
+
+
 def _children(stmt) -> list:
-    if isinstance(stmt, tirx.SeqStmt):
-        return list(stmt)
-    if isinstance(stmt, (tirx.For, tirx.While, tirx.AttrStmt)):
-        return [stmt.body]
-    if isinstance(stmt, tirx.IfThenElse):
-        return [stmt.then_case] if stmt.else_case is None else [stmt.then_case, stmt.else_case]
-    if isinstance(stmt, SBlockRealize):
-        return [stmt.block.body]
-    return []
+    get = _CHILDREN.get(type(stmt))
+    return get(stmt) if get is not None else []
 
 
 def _rebuild(stmt, kids: list):
