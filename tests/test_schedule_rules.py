@@ -191,16 +191,16 @@ def test_aligned_concatenation_pieces_are_inlined(rng):
     _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
 
 
-def _flat_add_func():
-    """A GEMM's [600, 8] output reshaped to NHWC and added to an NHWC tensor (a residual add, here in
-    integers: float chains are contracted into FMAs by LLVM alike in every schedule, so an unscheduled
+def _flat_add_func(channels=8):
+    """A GEMM's [600, channels] output reshaped to NHWC and added to an NHWC tensor (a residual add, here
+    in integers: float chains are contracted into FMAs by LLVM alike in every schedule, so an unscheduled
     scalar build is no exact reference for them): the reshape moves no element."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((600, 8), "uint8"))
-    y = relax.Var("y", relax.TensorType((1, 20, 30, 8), "uint8"))
+    x = relax.Var("x", relax.TensorType((600, channels), "uint8"))
+    y = relax.Var("y", relax.TensorType((1, 20, 30, channels), "uint8"))
     with bb.function("main", [x, y]):
         with bb.dataflow():
-            a = relax.op.astype(relax.op.reshape(x, (1, 20, 30, 8)), "int32")
+            a = relax.op.astype(relax.op.reshape(x, (1, 20, 30, channels)), "int32")
             total = relax.op.add(relax.op.subtract(a, relax.const(7, "int32")), relax.op.astype(y, "int32"))
             out = bb.emit_output(relax.op.astype(relax.op.clip(total, 0, 255), "uint8"))
         bb.emit_func_output(out)
@@ -210,17 +210,42 @@ def _flat_add_func():
     return func
 
 
-def test_an_elementwise_chain_in_flat_order_is_one_flat_vector_loop(rng):
-    """8 channels innermost, reads in the output's own row-major order: one loop of 64-element vectors
-    (not 8-lane vectors per pixel), exact."""
+def _vectorized_tir(func) -> str:
+    """``func``'s TIR right after TVM's VectorizeLoop, as text."""
+    from tvm.ir.instrument import pass_instrument
+
+    seen = []
+
+    @pass_instrument
+    class _Grab:
+        def run_after_pass(self, mod, info):
+            if info.name == "tirx.VectorizeLoop":
+                seen.append(mod.script())
+
+    with tvm.transform.PassContext(opt_level=3, instruments=[_Grab()]):
+        tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SPEC.tvm_target(2))
+    return seen[-1]
+
+
+@pytest.mark.parametrize("channels", [8, 24])
+def test_an_elementwise_chain_in_flat_order_is_one_flat_vector_loop(channels, rng):
+    """8 or 24 channels innermost, reads in the output's own row-major order: one loop of vectors of
+    whole pixels, up to 64 elements (not a vector per pixel), every load and store contiguous after
+    vectorization (64 lanes over 24-channel pixels left each lane its own div/mod address: byte
+    gathers, 12x slower), exact."""
     from tvm_lowprec.schedule.elementwise import _FLAT
 
-    func = _flat_add_func()
+    func = _flat_add_func(channels)
     sch = ElementwiseRule().apply(func, SPEC)
     loops = [sch.get(l) for l in sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[0])]
-    assert [int(l.extent) for l in loops] == [600 * 8 // _FLAT, _FLAT]
+    lanes = int(loops[-1].extent)
+    assert [int(l.extent) for l in loops] == [600 * channels // lanes, lanes] and lanes % channels == 0 and lanes <= _FLAT
+    assert lanes == {8: 48, 24: 48}[channels]  # whole pixels, whole rows of 30 pixels or a divisor of one
     assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED
-    inputs = [rng.integers(0, 256, (600, 8)).astype(np.uint8), rng.integers(0, 256, (1, 20, 30, 8)).astype(np.uint8)]
+    text = _vectorized_tir(sch.mod["main"])
+    assert "T.Ramp(" in text and "% T.Broadcast(" not in text and "// T.Broadcast(" not in text, text
+    inputs = [rng.integers(0, 256, (600, channels)).astype(np.uint8),
+              rng.integers(0, 256, (1, 20, 30, channels)).astype(np.uint8)]
     _check_scheduled(func, ElementwiseRule(), inputs)
 
 
