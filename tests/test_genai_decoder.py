@@ -9,6 +9,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import tvm_lowprec
@@ -31,9 +32,11 @@ _LLM = _llm_module()
 CONFIGS, build = _LLM.CONFIGS, _LLM.build
 
 
-@pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
-    return build("tiny", tmp_path_factory.mktemp("llm"))
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def decoder(request, tmp_path_factory):
+    """The builder's export; tied: the output projection shares the embedding, which the builder then
+    writes as a 4-bit ``GatherBlockQuantized`` of the projection's packed weights."""
+    return build("tiny", tmp_path_factory.mktemp("llm"), tied=request.param)
 
 
 @pytest.mark.parametrize("seq,past", [(5, 3), (1, 8)], ids=["tokens-after-past", "decode-step"])
@@ -55,6 +58,8 @@ def test_genai_int4_decoder_matches_ort(decoder, seq, past):
     compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(str(decoder), shape_dict={k: v.shape for k, v in feed.items()}),
                                    target="native")
     assert any(k.op == "nbits_gemm" for k in compiled.kernels())  # the 4-bit weights stay 4-bit
+    tied = decoder.parent.name.endswith("-tied")
+    assert tied == any(n.op_type == "GatherBlockQuantized" for n in onnx.load(str(decoder), load_external_data=False).graph.node)
     got = compiled(**feed)
     for name, value in zip(want, got):
         value = np.asarray(value)

@@ -28,18 +28,21 @@ CONFIGS = {
 ARCHITECTURE = "Qwen/Qwen2.5-0.5B"  # the builder's architecture name: no download with -i
 
 
-def build(config: str, out: Path, precision: str = "int4", seed: int = 0) -> Path:
-    """``out/<config>-<precision>/model.onnx`` (made now if missing); the Hugging Face folder beside it."""
+def build(config: str, out: Path, precision: str = "int4", seed: int = 0, tied: bool = False) -> Path:
+    """``out/<config>-<precision>[-tied]/model.onnx`` (made now if missing); the Hugging Face folder beside
+    it. ``tied``: the output projection shares the token embedding (Qwen2.5-0.5B's own configuration),
+    which the builder then writes as a 4-bit ``GatherBlockQuantized`` embedding."""
     import torch
     import transformers
 
-    target = out / f"{config}-{precision}"
+    suffix = "-tied" if tied else ""
+    target = out / f"{config}-{precision}{suffix}"
     model_path = target / "model.onnx"
     if model_path.exists():
         return model_path
-    hf = out / f"{config}-hf"
+    hf = out / f"{config}-hf{suffix}"
     if not (hf / "config.json").exists():
-        cfg = transformers.Qwen2Config(**CONFIGS[config], max_position_embeddings=4096, tie_word_embeddings=False)
+        cfg = transformers.Qwen2Config(**CONFIGS[config], max_position_embeddings=4096, tie_word_embeddings=tied)
         torch.manual_seed(seed)
         transformers.Qwen2ForCausalLM(cfg).eval().save_pretrained(str(hf))
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", ARCHITECTURE, "-i", str(hf),
@@ -53,8 +56,9 @@ def main(argv=None) -> None:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     parser.add_argument("--precision", default="int4", choices=["int4", "fp32"])
     parser.add_argument("--out", type=Path, default=Path("/tmp/tvm-lowprec-llm"))
+    parser.add_argument("--tied", action="store_true", help="output projection tied to the embedding")
     args = parser.parse_args(argv)
-    print(build(args.config, args.out, args.precision))
+    print(build(args.config, args.out, args.precision, tied=args.tied))
 
 
 if __name__ == "__main__":

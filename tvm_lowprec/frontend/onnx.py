@@ -17,6 +17,7 @@ from .converters import CONTRIB_CONVERTERS, CONTRIB_DOMAIN, EXTRA_CONVERTERS, ex
 from .fold_batchnorm import fold_batchnorm
 from .conv1d import conv1d_as_conv2d
 from .fold_shapes import dynamic_report, fold_shapes
+from .gather_block_quantized import rewrite_gather_block_quantized
 from .matmul_nbits import rewrite_matmul_nbits
 from .narrow_types import widen_narrow_types
 from .qoperator import QOPERATOR_REWRITES, rewrite_qoperators
@@ -101,6 +102,7 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
     from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
 
     model = rewrite_matmul_nbits(_load(model_or_path))  # com.microsoft.MatMulNBits -> blocked DQ + MatMul
+    model = rewrite_gather_block_quantized(model)  # com.microsoft.GatherBlockQuantized -> Gather, then dequantize
     model = rewrite_qoperators(model)  # QOperator nodes (and ORT's QLinear contrib operators) -> Q/DQ form
     check_operators(model)
     try:
