@@ -40,6 +40,7 @@ def _phases(spec):
         ("finite_quantize", P.finite_quantize_module),
         ("integer_mean", P.integer_mean_module),
         ("dequantize_per_use", P.dequantize_per_use_module),
+        ("checked_indices", P.checked_indices_module),
         ("legalize", tvm.transform.Sequential([relax.transform.DeadCodeElimination(),
                                                relax.transform.LegalizeOps(customize_legalize_map=P.LEGALIZE),
                                                relax.transform.AnnotateTIROpPattern()])),

@@ -112,10 +112,21 @@ def test_float_activations_match_ort_and_the_numpy_model(m, n, k, block, zero_po
 
 
 @pytest.mark.parametrize("m,n,k,block", [(1, 64, 256, 32), (3, 40, 80, 16), (16, 136, 256, 128)])
-def test_int8_activations_are_the_integer_model_exactly_and_near_ort_level_4(m, n, k, block, rng):
-    model, q, scale, zp = _nbits_model(rng, (m,), n, k, block, accuracy_level=4)
+@pytest.mark.parametrize("zero_points", [True, False])
+def test_int8_activations_are_the_integer_model_exactly_and_near_ort_level_4(m, n, k, block, zero_points, rng):
+    """Without zero points (8 for every block, as ORT GenAI's builder writes its symmetric weights)
+    the kernel reads no scaled-zero-point stream: its ``z * sum(a)`` is an integer."""
+    model, q, scale, zp = _nbits_model(rng, (m,), n, k, block, zero_points, accuracy_level=4)
     compiled = _compile(model, "int8")
     [kernel] = _nbits_kernels(compiled)
+    from dataclasses import replace
+
+    from tvm_lowprec.quant.weight_int4 import _problem
+
+    problem = replace(_problem(m, n, k, block, tvm_lowprec.resolve_target("native"), "int8"),
+                      zero_point=None if zero_points else 8)
+    # every parameter buffer whole: X, the nibbles, the scales (and s * z), and Y
+    assert kernel.reads == 4 * m * k + problem.weight_bytes + kernel.writes
     nibble = tvm_lowprec.resolve_target("native").nibble.intrin
     assert kernel.intrinsic == nibble.intrins[nibble.groups_for(block)]
     x = rng.standard_normal((m, k)).astype(np.float32)

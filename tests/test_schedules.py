@@ -240,13 +240,13 @@ def test_a_trailing_reshape_is_written_from_the_producers_nest(rng):
     np.testing.assert_array_equal(got.numpy(), data.repeat(2, axis=1).repeat(2, axis=2).ravel())
 
 
-@pytest.mark.parametrize("channels, steps", [(48, 16), (32, 32), (24, 24), (40, 40)])
+@pytest.mark.parametrize("channels, steps", [(48, 16), (32, 32), (24, 48), (40, 40)])
 def test_a_per_channel_gate_of_no_power_of_two_width_is_applied_in_vector_steps(channels, steps, rng):
     """A squeeze-excite gate multiply in the integer domain, ``x[p, c] * g[c]`` requantized: with 48
     channels (three vectors of 16, no power of two) the channel axis runs in steps of 16 lanes (as one
     48-lane vector, LLVM rebuilt the hoisted gate lane by lane every pixel); 32 channels stay one
-    vector, 40 (no whole vectors of 16) too, and 24 without a per-channel operand (a plain shift).
-    Exact against numpy on the native row."""
+    vector, 40 (no whole vectors of 16) too; 24 without a per-channel operand (a plain shift, read in
+    its own flat order) is one flat loop of two pixels a vector. Exact against numpy on the native row."""
     from tvm import te
 
     from tvm_lowprec.schedule.elementwise import ElementwiseRule

@@ -40,6 +40,7 @@ from .quant.qdq_to_integer import rewrite_module
 from .quant.row_ops import row_ops_module
 from .quant.through_concat import through_concat_module
 from .quant.weight_only import weight_only_module
+from .index_checks import checked_indices_module
 from .parallel_grain import serialize_small_kernels
 from .schedule import schedule_func
 from .schedule.column_tail import overlap_column_tail
@@ -113,6 +114,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     if fast_math:
         mod = relax.transform.FastMathTransform()(mod)
     mod = dequantize_per_use_module(integer_mean_module(finite_quantize_module(mod)))
+    mod = checked_indices_module(mod)  # a Gather's run-time indices raise out of range, never read past the table
     return legalize_and_fuse(mod)
 
 

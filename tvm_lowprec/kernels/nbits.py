@@ -46,6 +46,9 @@ class NbitsProblem:
     nr: int = 4  # lane vectors per task: mr * nr independent accumulators
     call_groups: int = 1  # groups of 8 weights per intrinsic call (int8 activations)
     widen_block: bool = False  # float activations: dequantize each task's K block once for all row tiles
+    # one zero point for every block (symmetric exports: ORT GenAI's builder writes no zero points, 8 for
+    # all): the kernel takes no scaled-zero-point stream and subtracts ``z * sum(a)`` in integers
+    zero_point: int | None = None
 
     def __post_init__(self):
         if self.activations not in ACTIVATIONS:
@@ -100,8 +103,9 @@ class NbitsProblem:
 
     @property
     def weight_bytes(self) -> int:
-        """What one call reads of the weights: packed nibbles, scales and scaled zero points."""
-        return int(np.prod(self.packed_shape)) + 2 * 4 * int(np.prod(self.param_shape))
+        """What one call reads of the weights: packed nibbles, scales and (unless uniform) scaled zero points."""
+        streams = 1 if self.zero_point is not None else 2
+        return int(np.prod(self.packed_shape)) + streams * 4 * int(np.prod(self.param_shape))
 
 
 def pack_nibbles(q: np.ndarray, problem: NbitsProblem) -> np.ndarray:
@@ -118,8 +122,15 @@ def pack_nibbles(q: np.ndarray, problem: NbitsProblem) -> np.ndarray:
     return np.ascontiguousarray(byte.transpose(order))
 
 
+def uniform_zero_point(zero_point: np.ndarray) -> int | None:
+    """The one integer zero point of every block, or None."""
+    values = np.unique(np.asarray(zero_point))
+    return int(values[0]) if values.size == 1 and float(values[0]).is_integer() else None
+
+
 def pack_block_params(scale: np.ndarray, zero_point: np.ndarray, problem: NbitsProblem):
-    """Per-block ``scale[N, Kb]`` and ``zero_point[N, Kb]`` -> ``(s, s * z)``, ``[T, Kb, nr, L]`` float32."""
+    """Per-block ``scale[N, Kb]`` and ``zero_point[N, Kb]`` -> ``(s, s * z)``, ``[T, Kb, nr, L]`` float32
+    (``(s,)`` alone for a problem with a uniform zero point)."""
     p = problem
     s = np.zeros((p.n_padded, p.k_blocks), np.float32)
     z = np.zeros((p.n_padded, p.k_blocks), np.float32)
@@ -129,7 +140,7 @@ def pack_block_params(scale: np.ndarray, zero_point: np.ndarray, problem: NbitsP
     def lay(v):
         return np.ascontiguousarray(v.reshape(p.tasks, p.nr, p.lanes, p.k_blocks).transpose(0, 3, 1, 2))
 
-    return lay(s), lay(s * z)
+    return (lay(s),) if p.zero_point is not None else (lay(s), lay(s * z))
 
 
 def _blocked_input(X, p: NbitsProblem):
@@ -167,8 +178,13 @@ def _quantized_rows(x, p: NbitsProblem):
 def _dequantized_block_sums(x, Wp, S, SZ, p: NbitsProblem):
     """``widen_block``: the weights dequantized (``s q - s z``, one rounding of an FMA's worth) per
     (task, block), then per (row, task, block, vector, lane) the block's float dot product."""
-    w = te.compute((p.tasks, p.k_blocks, p.groups, 2, 4, p.nr, p.lanes), lambda t, b, g, h, j, v, l: (
-        S[t, b, v, l] * nibble(Wp[t, b, g, j, v, l], h).astype("float32") - SZ[t, b, v, l]), name="w_float")
+    def dequantized(t, b, g, h, j, v, l):
+        q = nibble(Wp[t, b, g, j, v, l], h)
+        if p.zero_point is not None:  # (q - z) exact, one rounding
+            return S[t, b, v, l] * (q.astype("int32") - p.zero_point).astype("float32")
+        return S[t, b, v, l] * q.astype("float32") - SZ[t, b, v, l]
+
+    w = te.compute((p.tasks, p.k_blocks, p.groups, 2, 4, p.nr, p.lanes), dequantized, name="w_float")
     g, h, j = te.reduce_axis((0, p.groups), "g"), te.reduce_axis((0, 2), "h"), te.reduce_axis((0, 4), "j")
     return te.compute((p.m_padded, p.tasks, p.k_blocks, p.nr, p.lanes), lambda m, t, b, v, l: te.sum(
         x(m, b, g, h, j) * w[t, b, g, h, j, v, l], axis=[g, h, j]), name="acc")
@@ -196,24 +212,31 @@ def _partial_sums(X, Wp, S, SZ, p: NbitsProblem):
 
 
 def build_nbits_gemm(problem: NbitsProblem, name: str = "nbits_gemm"):
-    """The unscheduled PrimFunc: ``(X[M, K] f32, W_packed, scale, scaled_zero_point) -> Y`` f32,
+    """The unscheduled PrimFunc: ``(X[M, K] f32, W_packed, scale[, scaled_zero_point]) -> Y`` f32 (no
+    scaled zero points for a problem with a uniform zero point),
     ``Y`` ``[Mp, T, nr, L]`` (that is ``[Mp, Np]``; rows past M and columns past N are padding)."""
     p = problem
     X = te.placeholder((p.m, p.k), "float32", name="X")
     Wp = te.placeholder(p.packed_shape, "uint8", name="W_packed")
     S = te.placeholder(p.param_shape, "float32", name="scale")
-    SZ = te.placeholder(p.param_shape, "float32", name="scaled_zero_point")
+    SZ = None if p.zero_point is not None else te.placeholder(p.param_shape, "float32", name="scaled_zero_point")
     acc, a_scale, a_sum = _partial_sums(X, Wp, S, SZ, p)
     b = te.reduce_axis((0, p.k_blocks), "b")
 
     def block_term(m, t, v, l, bb):
         if p.widen_block:
             return acc[m, t, bb, v, l]
-        term = S[t, bb, v, l] * acc[m, t, bb, v, l].astype("float32") - SZ[t, bb, v, l] * a_sum[m, bb].astype("float32")
+        if p.zero_point is not None and a_scale is not None:  # int8: P - z sum(a) in int32, exact
+            term = S[t, bb, v, l] * (acc[m, t, bb, v, l] - a_sum[m, bb] * p.zero_point).astype("float32")
+        elif p.zero_point is not None:
+            term = S[t, bb, v, l] * (acc[m, t, bb, v, l] - a_sum[m, bb] * tirx.const(float(p.zero_point), "float32"))
+        else:
+            term = (S[t, bb, v, l] * acc[m, t, bb, v, l].astype("float32")
+                    - SZ[t, bb, v, l] * a_sum[m, bb].astype("float32"))
         return term * a_scale[m, bb] if a_scale is not None else term
 
     Y = te.compute(p.out_shape, lambda m, t, v, l: te.sum(block_term(m, t, v, l, b), axis=b), name="Y")
-    func = te.create_prim_func([X, Wp, S, SZ, Y])
+    func = te.create_prim_func([X, Wp, S, Y] if SZ is None else [X, Wp, S, SZ, Y])
     attrs = {"lowprec.op": "nbits_gemm", "lowprec.weight_only": f"uint4/{p.activations}",
              "lowprec.vector": [p.lanes, 8 * p.call_groups], "lowprec.tile": [p.mr, p.nr, p.block],
              "lowprec.shape": [p.m, p.n, p.k],

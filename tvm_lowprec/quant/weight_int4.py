@@ -10,6 +10,7 @@ multiple of 8 and GPU rows. ``int8`` activations need the row's 4-bit dot produc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -17,7 +18,7 @@ import numpy as np
 from tvm import relax
 
 from ..hwspec import Tile
-from ..kernels.nbits import NbitsProblem, build_nbits_gemm, pack_block_params, pack_nibbles
+from ..kernels.nbits import NbitsProblem, build_nbits_gemm, pack_block_params, pack_nibbles, uniform_zero_point
 from .dequantized import DequantizedConst
 
 
@@ -69,12 +70,13 @@ def emit_int4(builder, x, dq: DequantizedConst, spec, config):
         return None
     lead = x_shape[:-1]
     m = math.prod(lead) if lead else 1
-    p = _problem(m, n, k, dq.block, spec, config.activations)
-    scale, scaled_zp = pack_block_params(dq.scale.T.astype(np.float32), zero_point, p)
+    p = dataclasses.replace(_problem(m, n, k, dq.block, spec, config.activations),
+                            zero_point=uniform_zero_point(zero_point))
+    params = pack_block_params(dq.scale.T.astype(np.float32), zero_point, p)
     name = f"nbits_gemm_{p.activations}_{m}x{n}x{k}_b{dq.block}"
     gvar = builder.add_func(build_nbits_gemm(p, name).with_attr("op_pattern", 8), name)
     x2 = builder.emit(relax.op.reshape(x, (m, k)))
-    args = [x2, relax.const(pack_nibbles(q, p)), relax.const(scale), relax.const(scaled_zp)]
+    args = [x2, relax.const(pack_nibbles(q, p)), *(relax.const(v) for v in params)]
     y = builder.emit(relax.call_tir(gvar, args, relax.TensorType(p.out_shape, "float32")))
     y = builder.emit(relax.op.reshape(y, (p.m_padded, p.n_padded)))
     if (p.m_padded, p.n_padded) != (m, n):
