@@ -264,13 +264,11 @@ TABLE_TARGET = {"kind": "llvm", "opt-level": 0}
 def evaluate_tables(chains, params) -> list[np.ndarray]:
     """Every chain's table (index = input - dtype's min): in numpy (:mod:`~tvm_lowprec.quant.table_eval`),
     and those with an operator it does not know from one function compiled for the host."""
-    inputs = {dt: _table_inputs(dt) for dt in EIGHT_BIT}
-    tables = table_eval.evaluate(chains, params, inputs)
+    tables = table_eval.evaluate(chains, params, {dt: _table_inputs(dt) for dt in EIGHT_BIT})
     rest = [i for i, table in enumerate(tables) if table is None]
-    if rest:
-        for i, table in zip(rest, compiled_tables([chains[i] for i in rest], params)):
-            tables[i] = table
-    return [np.broadcast_to(table, (256,)).copy() if table.ndim == 0 else table for table in tables]
+    for i, table in zip(rest, compiled_tables([chains[i] for i in rest], params) if rest else ()):
+        tables[i] = table
+    return tables
 
 
 def compiled_tables(chains, params) -> list[np.ndarray]:

@@ -33,10 +33,6 @@ class Unsupported(Exception):
     """The chain has an operator (or a form of one) this evaluator does not know."""
 
 
-def _f32(value):
-    return np.asarray(value, dtype=np.float32)
-
-
 def _float_only(x):
     if x.dtype != np.float32:
         raise Unsupported(f"a float function of {x.dtype}")
@@ -79,15 +75,28 @@ def _selu(x):
     return scale * np.where(x > 0, x, alpha * (np.exp(x) - 1.0))
 
 
-UNARY_FLOAT = {
+UNARY_FLOAT = {name: _in_float64(fn) for name, fn in {
     "relax.sigmoid": _sigmoid, "relax.tanh": np.tanh, "relax.exp": np.exp, "relax.log": np.log,
     "relax.erf": _erf, "relax.sqrt": np.sqrt, "relax.rsqrt": lambda x: 1.0 / np.sqrt(x),
     "relax.nn.gelu": _gelu, "relax.nn.gelu_tanh": _gelu_tanh, "relax.nn.silu": lambda x: x * _sigmoid(x),
     "relax.nn.selu": _selu, "relax.sin": np.sin, "relax.cos": np.cos, "relax.tan": np.tan, "relax.sinh": np.sinh,
     "relax.cosh": np.cosh, "relax.asin": np.arcsin, "relax.acos": np.arccos, "relax.atan": np.arctan,
     "relax.asinh": np.arcsinh, "relax.acosh": np.arccosh, "relax.atanh": np.arctanh,
+}.items()}
+
+
+def _integral(fn):
+    """A rounding function: the identity on integers."""
+    return lambda x: x if x.dtype.kind != "f" else fn(x)
+
+
+# operators exact in the input's own type
+UNARY_EXACT = {
+    "relax.negative": np.negative, "relax.abs": np.abs, "relax.square": lambda v: v * v,
+    "relax.round": _integral(np.rint), "relax.floor": _integral(np.floor), "relax.ceil": _integral(np.ceil),
+    "relax.trunc": _integral(np.trunc), "relax.logical_not": np.logical_not,
+    "relax.sign": lambda v: np.where(v < 0, -1, np.where(v > 0, 1, 0)).astype(v.dtype),
 }
-UNARY_FLOAT = {name: _in_float64(fn) for name, fn in UNARY_FLOAT.items()}
 
 
 def _same_kind(a, b):
@@ -180,8 +189,9 @@ class TableEvaluator:
         return self.memo[a] if a in self.memo else _scalar(a)
 
     def _call(self, node) -> np.ndarray:
-        name = node.op.name if isinstance(node.op, tvm.ir.Op) else str(node.op)
-        x = self._arg(node, 0)
+        if not isinstance(node.op, tvm.ir.Op):
+            raise Unsupported(f"a call of {node.op}")
+        name, x = node.op.name, self._arg(node, 0)
         if name == "relax.quantize":
             return self._quantize(x, self._arg(node, 1), self._arg(node, 2), str(node.attrs.out_dtype))
         if name == "relax.dequantize":
@@ -214,21 +224,9 @@ class TableEvaluator:
             return _in_float64(lambda v: np.power(v, float(exponent)))(x)
         if name == "relax.where":
             return np.where(x, self._arg(node, 1), self._arg(node, 2))
-        if name in ("relax.negative", "relax.abs", "relax.square", "relax.round", "relax.floor", "relax.ceil",
-                    "relax.trunc", "relax.sign", "relax.logical_not"):
-            return self._simple(name, x)
+        if name in UNARY_EXACT:
+            return np.asarray(UNARY_EXACT[name](x))
         raise Unsupported(name)
-
-    @staticmethod
-    def _simple(name, x):
-        if name == "relax.logical_not":
-            return np.logical_not(x)
-        if name in ("relax.round", "relax.floor", "relax.ceil", "relax.trunc") and x.dtype.kind != "f":
-            return x
-        fn = {"relax.negative": np.negative, "relax.abs": np.abs, "relax.square": lambda v: v * v,
-              "relax.round": np.rint, "relax.floor": np.floor, "relax.ceil": np.ceil, "relax.trunc": np.trunc,
-              "relax.sign": lambda v: np.where(v < 0, -1, np.where(v > 0, 1, 0)).astype(v.dtype)}[name]
-        return np.asarray(fn(x))
 
     @staticmethod
     def _quantize(x, scale, zero_point, out_dtype: str):
@@ -256,15 +254,18 @@ class TableEvaluator:
 
 
 def evaluate(chains, params, inputs: dict) -> list:
-    """The table of each chain (None where :class:`Unsupported`): ``params`` maps a dtype to its
-    parameter var, ``inputs`` a dtype to its 256 input values."""
+    """The table of each chain, one value per input (None where :class:`Unsupported`): ``params`` maps a
+    dtype to its parameter var, ``inputs`` a dtype to its 256 input values."""
+    count = len(next(iter(inputs.values())))
     tables = []
     for chain in chains:
         evaluator = TableEvaluator({params[dt]: inputs[dt] for dt in params})
         try:
-            tables.append(np.ascontiguousarray(evaluator.evaluate(chain.body)))
+            table = evaluator.evaluate(chain.body)
         except Unsupported:
             tables.append(None)
+            continue
+        tables.append(np.broadcast_to(table, (count,)).copy())  # a chain that ignores its input: one value
     return tables
 
 
