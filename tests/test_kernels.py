@@ -222,6 +222,27 @@ def test_a_narrow_gemm_shares_its_row_tiles_among_threads(spec, rng):
     assert _parallel_extents(schedule_func(build_qgemm(wide, wide_layout), spec)) == [panels] and panels >= MIN_PANEL_TASKS
 
 
+@pytest.mark.parametrize("spec", [s for s in TARGETS if s.device == "cpu"], ids=lambda s: s.name)
+def test_a_narrow_gemm_with_a_prime_number_of_row_tiles_pads_to_share_them(spec, rng):
+    """A narrow GEMM whose row tiles number a prime (97) has no run to give a second thread: its layout
+    pads M by a tile or two until they have a divisor of at least MIN_RUNS (kernels.qgemm.
+    splittable_rows), the threads share those runs, and the padded rows change nothing in the result."""
+    from tvm_lowprec.kernels.qgemm import MIN_RUNS, PAD_TILES_LIMIT, best_runs
+    from tvm_lowprec.schedule.qgemm import row_runs
+
+    ep = EPILOGUES["requant-u8"]
+    mr = GemmLayout.choose(QGemmProblem(960, 16, 48, "uint8", ep), spec).mr
+    m = 97 * mr  # 97 tiles of the tallest row tile the layout takes (mr divides M: it pads nothing)
+    problem = QGemmProblem(m, 16, 48, "uint8", ep)
+    layout = GemmLayout.choose(problem, spec)
+    assert layout.mr == mr
+    tiles = layout.mp // layout.mr
+    assert 97 < tiles <= 97 * (1 + PAD_TILES_LIMIT) and best_runs(tiles) >= MIN_RUNS
+    sch = schedule_func(build_qgemm(problem, layout), spec)
+    assert _parallel_extents(sch) == [row_runs(tiles)[0]]
+    run_case(spec, rng, (m, 16, 48), OPERANDS[1], ep)
+
+
 def test_row_runs_divide_the_row_tiles():
     from tvm_lowprec.schedule.qgemm import MAX_RUNS, row_runs
 
@@ -327,6 +348,25 @@ def test_a_narrow_recipe_must_be_exact_narrower_and_within_the_row_features(spec
     features = tuple(f for f in spec.features if f not in spec.narrow.intrin.features[:1])
     with pytest.raises(ValueError, match=f"{spec.narrow.intrin.name} needs"):
         dataclasses.replace(spec, features=features)
+
+
+@pytest.mark.parametrize("spec", [s for s in TARGETS if s.device == "cpu"], ids=lambda s: s.name)
+def test_a_few_rows_take_a_lower_tile_that_pads_less(spec, rng):
+    """M = 9 (a 3x3 feature map) with 160 columns: the tile grows tall to keep its accumulators for the
+    narrow N and would pad M to whole tiles of that height (8 rows: 16, 7 thrown away); the layout takes
+    the height from half the tile's up that pads least, and the result is exact."""
+    from tvm_lowprec.kernels.qgemm import ROW_PADDING_LIMIT, tile_layout
+
+    ep = EPILOGUES["requant-u8"]
+    problem = QGemmProblem(9, 160, 960, "uint8", ep)
+    layout = GemmLayout.choose(problem, spec)
+    recipe = spec.recipe_for(None, problem.n)
+    gi = recipe.intrin
+    grown = tile_layout(gi, gi.operand("uint8"), recipe.tile_for(9), 9, 160, layout.kp)
+    assert layout.mp <= grown.mp
+    if grown.mp - 9 > ROW_PADDING_LIMIT * grown.mp:
+        assert layout.mr >= (grown.mr + 1) // 2 and layout.mp < grown.mp, (grown, layout)
+    run_case(spec, rng, (9, 160, 960), OPERANDS[1], ep)
 
 
 # rows whose tile table lets a tile take more rows where its own pad M too much (Tile.grow_rows)

@@ -10,7 +10,8 @@ and the model took 0.138-0.26 ms against 0.145 ms on one thread (per-kernel prof
 :func:`serialize_small_kernels` gives every parallel loop of a kernel whose estimated time on one
 thread (:func:`serial_microseconds`: its buffers' bytes at :data:`COPY_GBPS`, plus its
 operations at :data:`PEAK_GOPS` where it is a GEMM or convolution) is under :data:`GRAIN_US` the serial
-kind. The rates are one Zen 4 core's (copy bandwidth; ``vpdpbusd zmm``); the threshold is the
+kind. The rates are one Zen 4 core's (copy bandwidth; ``vpdpbusd zmm``, or the kernel's own rate in
+:data:`OP_GOPS`); the threshold is the
 break-even measured there: of SqueezeNet's GEMMs, those estimated at 7.6 us and above ran faster on
 two threads, those at 3.8 us and below slower. A kernel with a symbolic shape keeps its loops.
 
@@ -27,6 +28,12 @@ from .tir_nest import map_nest
 
 COPY_GBPS = 20.0  # one Zen 4 core's copy bandwidth (bytes read + written), GB/s
 PEAK_GOPS = 460.0  # one Zen 4 core's vpdpbusd zmm peak, GOPS
+# kernels whose arithmetic runs well below that peak: the rate that puts their break-even with GRAIN_US
+# where it was measured (Keras MobileNetV2, Zen 4, 1 / 2 threads). The depthwise kernel multiplies one
+# tap per lane (60-76 GOPS): at PEAK_GOPS its 12x12 layers (7.6 us a call) were estimated under
+# GRAIN_US and ran on one thread of two (2 threads 7.6 -> 6.7 us); at 70 GOPS its 384-channel 6x6
+# layers (3.6 us) went parallel and got slower (3.6 -> 4.0 us)
+OP_GOPS = {"qdepthwise": 100.0}
 GRAIN_US = 5.0
 
 
@@ -35,8 +42,9 @@ def serial_microseconds(func: tirx.PrimFunc) -> float | None:
     size = param_bytes(func)
     if size is None:
         return None
-    ops = call_ops(func.attrs if func.attrs is not None else {}) or 0
-    return size / (COPY_GBPS * 1e3) + ops / (PEAK_GOPS * 1e3)
+    attrs = func.attrs if func.attrs is not None else {}
+    rate = OP_GOPS.get(str(attrs.get("lowprec.op", "")), PEAK_GOPS)
+    return size / (COPY_GBPS * 1e3) + (call_ops(attrs) or 0) / (rate * 1e3)
 
 
 def serialize_small_kernels(func: tirx.PrimFunc, grain_us: float = GRAIN_US) -> tirx.PrimFunc:

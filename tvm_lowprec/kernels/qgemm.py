@@ -193,21 +193,61 @@ def tile_layout(gi, operand, tile, m: int, n: int, kp: int, kblock: int = 0, a_s
     )
 
 
-# Padding of M (rows computed and thrown away) above which a tile with ``grow_rows`` takes more rows
-# to pad less. Below it the taller tile loses more than it saves: Whisper-tiny's encoder at 500 frames
-# (M = 250, 4 rows pad 0.8%; M = 1500, 0.3%) went 12.27 -> 12.66 ms with rows dividing M on Zen 4.
+# Padding of M (rows computed and thrown away) above which a tile takes a height that pads less. Below
+# it the other height loses more than it saves: Whisper-tiny's encoder at 500 frames (M = 250, 4 rows
+# pad 0.8%; M = 1500, 0.3%) went 12.27 -> 12.66 ms with rows dividing M on Zen 4.
 ROW_PADDING_LIMIT = 0.02
 
 
 def rows_padding_less(layout: "GemmLayout", tile, m: int) -> "GemmLayout":
-    """``layout`` with the row tile, from its ``mr`` up to ``tile.grow_rows`` (whole row groups), that
-    pads M least, where ``mr`` pads it by more than :data:`ROW_PADDING_LIMIT`; as it is otherwise
-    (and where the tile already grew past ``grow_rows`` to keep its accumulators for a narrow N)."""
-    if tile.grow_rows <= layout.mr or (layout.mp - m) <= ROW_PADDING_LIMIT * layout.mp:
+    """``layout`` with the row tile that pads M least (the tallest of those), from half its ``mr`` up
+    to ``tile.grow_rows`` (whole row groups), where ``mr`` pads M by more than
+    :data:`ROW_PADDING_LIMIT`; as it is otherwise. ViT's M = 50: 5 rows, not 4 x 13 = 52. A few rows
+    with a narrow N (Keras MobileNetV2's 9x160x960, whose 2 x 16-column tile grew to 8 rows to keep
+    its accumulators, M padded to 16): 5 rows, 11.7 -> 7.3 us at one thread (Zen 4); 9x960x160 on 4 x
+    4 tiles: 3 rows, 8.7 (5 rows) -> 7.4 us."""
+    if (layout.mp - m) <= ROW_PADDING_LIMIT * layout.mp:
         return layout
-    rows = range(layout.mr, tile.grow_rows + 1, layout.rows)
-    mr = min(rows, key=lambda r: (_ceil(m, r), r))
+    low = max(layout.rows, _ceil((layout.mr + 1) // 2, layout.rows))
+    rows = range(low, max(layout.mr, tile.grow_rows) + 1, layout.rows)
+    mr = min(rows, key=lambda r: (_ceil(m, r), -r))
     return replace(layout, mr=mr, mp=_ceil(m, mr))
+
+
+# A narrow GEMM (fewer B panels than MIN_PANEL_TASKS) shares runs of its row tiles between threads, and
+# a run must be a whole divisor of the tiles (tensorize refuses the predicate of a split that is not);
+# MAX_RUNS bounds the runs (each run allocates its accumulator tile once). Tiles with no divisor of
+# at least MIN_RUNS up to MAX_RUNS get padding rows until they have one (at most PAD_TILES_LIMIT of
+# them): Keras MobileNetV2's 2304x96x16 had 461 tiles of 5 rows, a prime, so one run, and two threads
+# ran it slower than one (29.8 / 35.4 us, Zen 4); 462 tiles = 42 runs of 11.
+MIN_PANEL_TASKS = 8
+MAX_RUNS = 64
+MIN_RUNS = 8
+PAD_TILES_LIMIT = 0.02
+
+
+def best_runs(tiles: int) -> int:
+    """The most runs, up to :data:`MAX_RUNS`, that divide ``tiles`` row tiles."""
+    return next(d for d in range(min(MAX_RUNS, tiles), 0, -1) if tiles % d == 0)
+
+
+def is_narrow_layout(layout: "GemmLayout", n: int, batch: int = 0) -> bool:
+    """Whether a GEMM of ``n`` columns on ``layout`` shares its row tiles, not its B panels, between
+    threads: fewer than :data:`MIN_PANEL_TASKS` panels, all of K in a tile, no batch."""
+    return not layout.kblock and not batch and -(-n // layout.panel) < MIN_PANEL_TASKS
+
+
+def splittable_rows(layout: "GemmLayout", problem: "QGemmProblem") -> "GemmLayout":
+    """``layout`` with M padded to a number of row tiles that has a divisor of at least
+    :data:`MIN_RUNS` (up to :data:`MAX_RUNS`) where it is a narrow GEMM's
+    (:func:`is_narrow_layout`) and has none, by at most :data:`PAD_TILES_LIMIT` more tiles."""
+    tiles = layout.mp // layout.mr
+    if tiles < 2 * MIN_RUNS or not is_narrow_layout(layout, problem.n, problem.batch) or best_runs(tiles) >= MIN_RUNS:
+        return layout
+    for more in range(tiles + 1, tiles + 1 + int(PAD_TILES_LIMIT * tiles)):
+        if best_runs(more) >= MIN_RUNS:
+            return replace(layout, mp=more * layout.mr)
+    return layout
 
 
 def window_rows(mr: int, out_w: int, rows: int = 1) -> int:
@@ -269,7 +309,7 @@ class GemmLayout:
         kblock = tile.kblock if tile.kblock and tile.kblock < kp and kp % tile.kblock == 0 else 0
         layout = tile_layout(gi, operand, tile, problem.m, problem.n, kp, kblock)
         if problem.window is None:
-            return rows_padding_less(layout, tile, problem.m)
+            return splittable_rows(rows_padding_less(layout, tile, problem.m), problem)
         mr = window_rows(layout.mr, problem.window.out_hw[1], layout.rows)
         return replace(layout, mr=mr, mp=_ceil(problem.m, mr))
 

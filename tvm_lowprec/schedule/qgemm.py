@@ -21,6 +21,7 @@ import math
 import tvm
 from tvm.s_tir import Schedule
 
+from ..kernels.qgemm import MAX_RUNS, MIN_PANEL_TASKS, best_runs  # noqa: F401 (MAX_RUNS: the tuner's bound)
 from .blocks import find_block
 from .lookup_epilogue import WHOLE_ROWS
 
@@ -165,17 +166,16 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
     _vectorize_inner(sch, epi, lanes * rows)
 
 
-# A GEMM with fewer B panels than this (every convolution of a small detector: 8 to 64 channels, one
-# to four panels) runs its row tiles in parallel instead: with the panels as the parallel loop it had
-# one to three tasks and ran on one thread (6400x16x48, Zen 3, 1 / 2 threads: 0.18 / 0.18 ms; in runs
-# of row tiles 0.19 / 0.11 ms).
-MIN_PANEL_TASKS = 8
-# Runs of row tiles, not the tiles themselves, are the parallel loop: a parallel loop's body keeps its
-# own allocations (the accumulator tile, the intrinsic's locals), and TVM makes them
-# TVMBackendAllocWorkspace calls per iteration; one per tile cost 2x at one thread (0.38 ms), one per
-# run nothing. At most MAX_RUNS runs, dividing the tiles exactly: a split that does not divide puts a
-# predicate on the GEMM block, which tensorize's comparator refuses.
-MAX_RUNS = 64
+# A GEMM with fewer B panels than MIN_PANEL_TASKS (every convolution of a small detector: 8 to 64
+# channels, one to four panels) runs its row tiles in parallel instead: with the panels as the parallel
+# loop it had one to three tasks and ran on one thread (6400x16x48, Zen 3, 1 / 2 threads: 0.18 / 0.18
+# ms; in runs of row tiles 0.19 / 0.11 ms). Runs of row tiles, not the tiles themselves, are the
+# parallel loop: a parallel loop's body keeps its own allocations (the accumulator tile, the
+# intrinsic's locals), and TVM makes them TVMBackendAllocWorkspace calls per iteration; one per tile
+# cost 2x at one thread (0.38 ms), one per run nothing. At most MAX_RUNS runs, dividing the tiles
+# exactly: a split that does not divide puts a predicate on the GEMM block, which tensorize's
+# comparator refuses (the layout pads M where the tiles have no divisor to share:
+# kernels.qgemm.splittable_rows).
 
 
 def is_narrow(func) -> bool:
@@ -192,7 +192,7 @@ def is_narrow(func) -> bool:
 def row_runs(tiles: int) -> list[int]:
     """``[runs, tiles per run]`` for ``tiles`` row tiles: the most runs up to :data:`MAX_RUNS` that divide
     them (a prime number of tiles: one run, as one panel has)."""
-    runs = next(d for d in range(min(MAX_RUNS, tiles), 0, -1) if tiles % d == 0)
+    runs = best_runs(tiles)
     return [runs, tiles // runs]
 
 
