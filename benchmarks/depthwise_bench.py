@@ -4,11 +4,16 @@ detector (benchmarks/models/textdet.py), built with ``build_depthwise`` + ``Dept
 ``target="native"``, checked exactly against a numpy int64 convolution and requantization, and timed
 with ``time_evaluator``.
 
+``--rules`` times this tree's two depthwise kernels against each other instead: the one-tap kernel
+(``DepthwiseRule``) and the four-taps-a-lane one (``DepthwiseDotRule``, where it applies: stride 1,
+output width 12 and up, weights within int8), interleaved. ``--keras`` takes Keras MobileNetV2@96's
+depthwise layers instead of the text detector's.
+
 ``--old DIR`` also builds another version of the kernel (``DIR/old_kernel.py`` and ``DIR/old_rule.py``,
 e.g. the files of an earlier commit with their relative imports made absolute) and times both in the
 same process, interleaved, so that both see the same machine load; the line then ends with the ratio.
 
-    TVM_NUM_THREADS=1 python benchmarks/depthwise_bench.py [--old DIR] [--threads N] [--shapes 0,2]
+    TVM_NUM_THREADS=1 python benchmarks/depthwise_bench.py [--old DIR | --rules] [--keras] [--threads N] [--shapes 0,2]
 """
 
 from __future__ import annotations
@@ -26,10 +31,14 @@ from tvm_lowprec.kernels.qgemm import Epilogue
 from tvm_lowprec.quant.patterns import ConvGeometry
 from tvm_lowprec.quant.requant import requantize_ref
 from tvm_lowprec.schedule.depthwise import DepthwiseRule
+from tvm_lowprec.schedule.depthwise_dot import DepthwiseDotRule
 from tvm_lowprec.targets import resolve_target
 
 # (channels, input height = width, stride): qdepthwise_u8_{C}x{H}x{W}_k3x3_s{S}, pad 1
 SHAPES = [(16, 240, 1), (48, 120, 2), (32, 120, 1), (24, 240, 2), (48, 60, 2)]
+# Keras MobileNetV2 at 96x96 (benchmarks/zoo: keras_mobilenet_v2)
+KERAS_SHAPES = [(144, 24, 1), (32, 48, 1), (192, 12, 1), (384, 6, 1), (576, 6, 1), (960, 3, 1), (96, 48, 2),
+                (144, 24, 2)]
 
 
 def geometry(c, h, s, k=3, pad=1, batch=1):
@@ -82,6 +91,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=15, help="interleaved rounds of 20 calls each")
     ap.add_argument("--mode", default="float", choices=["float", "fixed_point"])
     ap.add_argument("--shapes", default=None, help="indices into SHAPES, comma separated")
+    ap.add_argument("--rules", action="store_true", help="the one-tap kernel against the four-tap one")
+    ap.add_argument("--keras", action="store_true", help="Keras MobileNetV2@96's layers")
     ap.add_argument("--asm", default=None, help="write the new kernel's assembly for the first shape here")
     a = ap.parse_args()
     spec = resolve_target("native")
@@ -89,10 +100,13 @@ def main():
     versions = {"new": SimpleNamespace(kernel=kernel, rule=DepthwiseRule())}
     if a.old:
         versions = {"old": load_version(a.old), **versions}
-    shapes = SHAPES if a.shapes is None else [SHAPES[int(i)] for i in a.shapes.split(",")]
+    if a.rules:
+        versions = {"old": versions["new"], "new": SimpleNamespace(kernel=kernel, rule=DepthwiseDotRule())}
+    table = KERAS_SHAPES if a.keras else SHAPES
+    shapes = table if a.shapes is None else [table[int(i)] for i in a.shapes.split(",")]
     for c, h, s in shapes:
         g = geometry(c, h, s)
-        zx, zw = 7, 131
+        zx, zw = 7, 128 if a.rules else 131  # the four-tap kernel takes w - zw within int8
         ep = Epilogue("requant", "uint8", zero_point=3, qmin=3, mode=a.mode)
         x = rng.integers(0, 256, (1, h, h, c)).astype(np.uint8)
         w_taps = rng.integers(0, 256, (9, c)).astype(np.uint8)
@@ -104,7 +118,11 @@ def main():
         runs = {}
         for name, version in versions.items():
             params = version.kernel.depthwise_params(w_taps, zw, zx, bias, mult, ep)
-            lib = build(version, g, ep, zx, spec, a.threads, params)
+            try:
+                lib = build(version, g, ep, zx, spec, a.threads, params)
+            except AssertionError:
+                print(f"  {name}: the rule declined {c}x{h}x{h} s{s}")
+                continue
             args = [tvm.runtime.tensor(np.ascontiguousarray(v)) for v in [x, *params]]
             out = tvm.runtime.tensor(np.zeros(out_shape, "uint8"))
             lib["dw"](*args, out)
@@ -122,7 +140,7 @@ def main():
         for name, ts in times.items():
             ms = float(np.median(ts))
             line += f"  {name} {ms:.4f} ms ({2 * macs / ms / 1e6:.1f} GOPS)"
-        if "old" in times:
+        if "old" in times and "new" in times:
             line += f"  old/new {np.median(times['old']) / np.median(times['new']):.2f}x"
         print(line, flush=True)
 

@@ -3,6 +3,8 @@ against a numpy int64 convolution and the numpy requantization, for borders (the
 selects), strides, dilation, odd channel counts, both activation types, and the float32 epilogue on
 exact ties, where the float32 shortcut would be wrong if it rounded twice."""
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -12,6 +14,7 @@ from tvm_lowprec.kernels.qgemm import Epilogue
 from tvm_lowprec.quant.patterns import ConvGeometry
 from tvm_lowprec.quant.requant import requantize_ref
 from tvm_lowprec.schedule.depthwise import DepthwiseRule
+from tvm_lowprec.schedule.depthwise_dot import DepthwiseDotRule
 from tvm_lowprec.qemu import is_aarch64
 from tvm_lowprec.targets import resolve_target
 
@@ -42,14 +45,17 @@ def _reference(x, w_taps, zw, zx, bias, mult, ep, g):
     return requantize_ref(acc, mult, ep.zero_point, ep.out_dtype, ep.qmin, ep.qmax, ep.mode)
 
 
-def _run(g, a_dtype, ep, x, w_taps, zw, zx, bias, mult, threads=1, spec=None):
+def _run(g, a_dtype, ep, x, w_taps, zw, zx, bias, mult, threads=1, spec=None, rule=None, asm=None):
     spec = spec or resolve_target("native")
     params = depthwise_params(w_taps, zw, zx, bias, mult, ep)
-    sch = DepthwiseRule().apply(build_depthwise(DepthwiseProblem(g, a_dtype, ep), "dw", params), spec)
+    sch = (rule or DepthwiseRule()).apply(build_depthwise(DepthwiseProblem(g, a_dtype, ep), "dw", params), spec)
     assert sch is not None
     lib = tvm.compile(sch.mod, target=spec.tvm_target(threads))
+    if asm is not None:
+        asm.append(lib.mod.inspect_source("asm"))
     out = tvm.runtime.tensor(np.zeros((g.batch, *g.out_hw, g.channels), ep.out_dtype))
-    kernel_module(lib, spec)["dw"](*[tvm.runtime.tensor(np.ascontiguousarray(v)) for v in [x, *params]], out)
+    module = kernel_module(lib if is_aarch64(spec) else lib.mod, spec)  # an x86 row off its host: emulated
+    module["dw"](*[tvm.runtime.tensor(np.ascontiguousarray(v)) for v in [x, *params]], out)
     return out.numpy(), params
 
 
@@ -171,3 +177,89 @@ def test_schedule_partitions_the_borders_and_vectorizes():
              and "pragma_loop_partition_hint" in str(inst.attrs)]
     assert len(hints) == 2
     assert DepthwiseRule().apply(func.with_attr("lowprec.op", "qgemm"), spec) is None  # not ours: declined
+
+
+# The four-taps-a-lane kernel (kernels/depthwise_dot.py): every CPU row whose GEMM instruction has a
+# lane-wise form (GemmIntrin.lane_product), its instruction as the registry names it
+DOT_ROWS = [(t, r.intrin) for t in TARGETS for r in t.recipes()
+            if r.intrin.lane_product is not None and r.intrin.kstep == 4 and r.intrin.rows == 1]
+DOT_ROWS = [pair for i, pair in enumerate(DOT_ROWS) if pair[0].name not in {t.name for t, _ in DOT_ROWS[:i]}]
+DOT_GEOMETRIES = {  # stride 1, output widths of 12 and up (what the kernel takes)
+    "16ch-w13": dict(c=16, hw=(14, 13), k=3),
+    "40ch-w16-overlapping-groups": dict(c=40, hw=(9, 16), k=3),
+    "24ch-5x5-asym-batch2": dict(c=24, hw=(11, 14), k=5, pads=(2, 1, 1, 2), batch=2),
+    "32ch-dilated": dict(c=32, hw=(12, 14), k=3, dil=2, pads=(2, 2, 2, 2)),
+    "48ch-unpadded": dict(c=48, hw=(8, 14), k=3, pads=(0, 0, 0, 0)),
+}
+
+
+def _dot_case(rng, g, a_dtype):
+    lo, hi = (0, 256) if a_dtype == "uint8" else (-128, 128)
+    x = rng.integers(lo, hi, (g.batch, *g.in_hw, g.channels)).astype(a_dtype)
+    x[0, 0, : min(4, g.in_hw[1]), :] = hi - 1  # the extremes: a saturating product would show
+    w_taps = rng.integers(0, 256, (g.kernel[0] * g.kernel[1], g.channels)).astype(np.uint8)
+    w_taps[:, 0] = 0  # w - zw = -128 on a whole channel
+    bias = rng.integers(-5000, 5000, g.channels)
+    mult = (rng.uniform(0.5, 2.0, g.channels) / 600).astype(np.float32)
+    return x, w_taps, 128, (7 if a_dtype == "uint8" else -5), bias, mult
+
+
+@pytest.mark.parametrize("pair", DOT_ROWS, ids=lambda p: f"{p[0].name}-{p[1].name}")
+@pytest.mark.parametrize("name", list(DOT_GEOMETRIES))
+@pytest.mark.parametrize("a_dtype", ["uint8", "int8"])
+def test_four_tap_depthwise_kernel_is_exact_and_uses_the_rows_instruction(pair, name, a_dtype, rng):
+    """Four taps of a channel in each int32 lane of the row's dot product: exact against numpy for
+    borders, a 5x5 window (two quads a kernel row), dilation, a channel count no vector divides (the
+    last group overlapping), both activation types (flipped where the instruction takes the other
+    signedness), and the row's instruction in the assembly."""
+    spec, intrin = pair
+    g = _geometry(**DOT_GEOMETRIES[name])
+    x, w_taps, zw, zx, bias, mult = _dot_case(rng, g, a_dtype)
+    ep = Epilogue("requant", "uint8", zero_point=3, qmin=3)
+    asm = []
+    got, _ = _run(g, a_dtype, ep, x, w_taps, zw, zx, bias, mult, spec=spec, rule=DepthwiseDotRule(), asm=asm)
+    np.testing.assert_array_equal(got, _reference(x, w_taps, zw, zx, bias, mult, ep, g))
+    mnemonic = intrin.name.split("_")[0]
+    assert re.search(rf"\b{mnemonic}\b", asm[0]), f"{spec.name}: {mnemonic} not in the kernel"
+
+
+@pytest.mark.parametrize("kind", ["fixed_point", "int32", "float64"])
+def test_four_tap_kernel_other_epilogues_and_two_threads(kind, rng):
+    spec = resolve_target("native")
+    if not any(r.intrin.lane_product is not None for r in spec.recipes()):
+        pytest.skip(f"{spec.name} has no lane-wise dot product")
+    g = _geometry(24, (16, 15), 3)
+    x, w_taps, zw, zx, bias, mult = _dot_case(rng, g, "uint8")
+    if kind == "float64":  # a bias past float32's integers: the float64 requantization
+        bias = np.full(24, 2**25 + 3)
+        mult = np.full(24, 2.0**-17, np.float32)
+    ep = {"fixed_point": Epilogue("requant", "uint8", zero_point=3, mode="fixed_point"),
+          "int32": Epilogue("int32"), "float64": Epilogue("requant", "uint8")}[kind]
+    got, params = _run(g, "uint8", ep, x, w_taps, zw, zx, bias, mult, threads=2, rule=DepthwiseDotRule())
+    assert kind != "float64" or not float32_exact(params, "uint8", ep)
+    np.testing.assert_array_equal(got, _reference(x, w_taps, zw, zx, bias, mult, ep, g))
+
+
+def test_four_tap_kernel_declines_what_it_does_not_take(rng):
+    """Stride 2, an output narrower than MIN_WIDTH, fewer channels than the lanes, and weights whose
+    w - zw leaves int8 go to the one-tap kernel."""
+    from tvm_lowprec.kernels.depthwise_dot import MIN_WIDTH
+
+    spec = next((t for t, _ in DOT_ROWS), None)
+    if spec is None:
+        pytest.skip("no row has a lane-wise dot product")
+    lanes = next(r.intrin.lanes for r in spec.recipes() if r.intrin.lane_product is not None)
+    ep = Epilogue("requant", "uint8")
+
+    def func(g, zw=128):
+        w = rng.integers(0, 256, (9, g.channels)).astype(np.uint8)
+        params = depthwise_params(w, zw, 7, None, np.full(g.channels, 1e-3, np.float32), ep)
+        return build_depthwise(DepthwiseProblem(g, "uint8", ep), "dw", params)
+
+    wide = _geometry(2 * lanes, (MIN_WIDTH + 2, MIN_WIDTH + 2), 3)
+    assert DepthwiseDotRule().apply(func(wide), spec) is not None
+    assert DepthwiseDotRule().apply(func(wide, zw=131), spec) is None  # w - 131 down to -131
+    assert DepthwiseDotRule().apply(func(_geometry(2 * lanes, (2 * MIN_WIDTH, 2 * MIN_WIDTH), 3, s=2)), spec) is None
+    assert DepthwiseDotRule().apply(func(_geometry(2 * lanes, (MIN_WIDTH - 2, MIN_WIDTH - 2), 3)), spec) is None
+    if lanes > 1:
+        assert DepthwiseDotRule().apply(func(_geometry(lanes - 1, (MIN_WIDTH, MIN_WIDTH), 3)), spec) is None

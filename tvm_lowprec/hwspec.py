@@ -59,6 +59,12 @@ class GemmIntrin:
     # target-specific intrinsic the impl calls: what lets the row run emulated on any x86-64 host
     emulation: Mapping[str, object] = field(default_factory=dict)
     rows: int = 1  # activation rows per instruction (a matrix instruction: more than one)
+    # the instruction lane by lane: ``lane_product(a, b, c)`` -> ``c[l] += sum_k a[l, k] * b[l, k]`` on
+    # vectors of ``lanes * kstep`` bytes (``a`` typed ``lane_a_bytes``, the instruction's own activation
+    # signedness; ``b`` int8), the accumulator ``int32 x lanes``; what the depthwise kernel of
+    # :mod:`tvm_lowprec.kernels.depthwise_dot` multiplies four taps a lane with. None: no such form
+    lane_product: object = None
+    lane_a_bytes: str = "uint8"
 
     def __post_init__(self):
         if self.lanes * self.rows * 32 != self.vector_bits:

@@ -56,7 +56,8 @@ def _row(name: str, kstep: int, product, signed_only: bool, features: tuple[str,
         impl = broadcast_impl(LANES, kstep, a_dtype, flip, "int8" if signed_only else "uint8", product)
         iname = register(f"lowprec_{name}_{a_dtype}_{LANES}x{kstep}", dot_desc(LANES, kstep, a_dtype, offset), impl)
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
-    return GemmIntrin(name, LANES, kstep, LANES * 32, operands, features=features)
+    return GemmIntrin(name, LANES, kstep, LANES * 32, operands, features=features, lane_product=product,
+                      lane_a_bytes="int8" if signed_only else "uint8")
 
 
 def _mmla_desc(a_dtype: str, offset: int):

@@ -95,7 +95,7 @@ def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) 
         register(iname, dot_desc(lanes, 4, a_dtype, offset), impl)
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
     return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features,
-                      emulation={llvm_name: _vpdpbusd_semantics(lanes)})
+                      emulation={llvm_name: _vpdpbusd_semantics(lanes)}, lane_product=_vpdpbusd(lanes, llvm_name))
 
 
 def _int16_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...], impl, semantics) -> GemmIntrin:

@@ -73,10 +73,18 @@ def float32_exact(params, a_dtype: str, ep: Epilogue) -> bool:
     return float32_requant_exact(np.abs(w).sum(axis=0), 255.0 if a_dtype == "uint8" else 128.0, corr, mult)
 
 
-def build_depthwise(p: DepthwiseProblem, name: str = "qdepthwise", params=None):
+def weights_fit_int8(w) -> bool:
+    """Whether :func:`depthwise_params`' weights ``w - zw`` are all int8 values (symmetric int8 weights
+    are; a weight zero point can push them past): what a four-byte dot product needs."""
+    w = np.asarray(w)
+    return bool(w.size) and int(w.min()) >= -128 and int(w.max()) <= 127
+
+
+def build_depthwise(p: DepthwiseProblem, name: str = "qdepthwise", params=None, float32_requant: bool = True):
     """The PrimFunc; ``params`` (:func:`depthwise_params`' arrays, optional) lets a ``"float"`` epilogue
-    requantize in float32 where that is exact (:func:`float32_exact`)."""
-    f32 = params is not None and float32_exact(params, p.a_dtype, p.epilogue)
+    requantize in float32 where that is exact (:func:`float32_exact`) and the row allows it
+    (``float32_requant``), and says whether the weights fit int8 (``lowprec.weights_int8``)."""
+    f32 = float32_requant and params is not None and float32_exact(params, p.a_dtype, p.epilogue)
     g = p.geometry
     (oh_n, ow_n), (kh_n, kw_n), (sh, sw), (dh, dw) = g.out_hw, g.kernel, g.strides, g.dilation
     top, left, bottom, right = g.padding
@@ -123,5 +131,10 @@ def build_depthwise(p: DepthwiseProblem, name: str = "qdepthwise", params=None):
         out = te.compute(acc.shape, requant, name="epilogue")
     func = te.create_prim_func([x, wq, corr, *scale, *out_range, pad, out])
     attrs = {"lowprec.op": "qdepthwise", "op_pattern": 8, "lowprec.intrin": "none",
-             "lowprec.shape": [batch, oh_n, ow_n, c_n, kh_n, kw_n]}
+             "lowprec.shape": [batch, oh_n, ow_n, c_n, kh_n, kw_n],
+             # what a rule that writes the kernel anew needs (kernels.depthwise_dot): the window, the
+             # epilogue (kind, mode, float32 requantization), whether w - zw fits int8
+             "lowprec.conv": [sh, sw, dh, dw, top, left],
+             "lowprec.epilogue": [ep.kind, ep.mode, int(f32)],
+             "lowprec.weights_int8": params is not None and weights_fit_int8(params[0])}
     return func.with_attr("global_symbol", name).with_attrs(attrs)

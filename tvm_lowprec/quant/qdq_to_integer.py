@@ -510,8 +510,7 @@ def emit_depthwise(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr |
     params = depthwise_params(match.weight.values, match.weight.zero_point, match.x_zero_point, match.bias_int,
                               match.mult, match.epilogue)
     # the parameters let the epilogue requantize in float32 where exact, with LLVM's FMA (CPU rows)
-    f32_params = params if spec.float32_requant else None
-    gvar = builder.add_func(build_depthwise(problem, name, f32_params), name)
+    gvar = builder.add_func(build_depthwise(problem, name, params, spec.float32_requant), name)
     x = builder.emit(relax.op.permute_dims(match.x, NCHW_TO_NHWC))
     out_type = relax.TensorType((g.batch, *g.out_hw, g.channels), match.epilogue.out_dtype)
     y = builder.emit(relax.call_tir(gvar, [x] + [relax.const(p) for p in params], out_type))

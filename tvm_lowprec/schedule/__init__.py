@@ -9,6 +9,7 @@ from .byte_transpose import ByteTransposeRule
 from .col2im import Col2imRule
 from .cuda import CudaPackBRule, CudaQGemmRule
 from .depthwise import DepthwiseRule
+from .depthwise_dot import DepthwiseDotRule
 from .dlight_rules import DlightRule
 from .elementwise import ElementwiseRule
 from .generic import GenericRule
@@ -30,7 +31,7 @@ from .window import WindowReductionRule
 # in priority order: ours first, then TVM's dlight row-reduction rule (softmax, layer norm), and last the
 # generic rule, which accepts whatever the others decline (no kernel is left serial and scalar)
 DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), Bf16GemmRule(), Fp32GemmRule(), Fp32DepthwiseRule(), Fp32MatmulRule(), PackBRule(), Im2colRule(), Col2imRule(),
-                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseRule(), SeparablePoolRule(), ResizeRule(), ByteTransposeRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
+                 VectorSoftmaxRule(), RowOpRule(), LookupRule(), DepthwiseDotRule(), DepthwiseRule(), SeparablePoolRule(), ResizeRule(), ByteTransposeRule(), ElementwiseRule(), WindowReductionRule(), StridedReductionRule(),
                  DlightRule(_dlight_cpu.Reduction(), no_recompute=True), GenericRule())
 
 
