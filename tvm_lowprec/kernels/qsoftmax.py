@@ -16,10 +16,12 @@ on the Zen 5 host at one thread against 0.06 ms computed.
 
 Where the row has a register permute (:class:`~tvm_lowprec.hwspec.RegisterPermute`, ``vpermps``),
 :func:`build_qsoftmax_vectors` writes the same kernel with the exponentials from two 16-entry tables
-held in registers (:mod:`tvm_lowprec.intrin.permute`): the same row maximum, sums in the same order,
-the same division and quantization, exponentials within 2 ulp of the exact ones. It is written as
-vector code (each row's, or each vector of rows', values bound once, the loop over the reduced axis
-unrolled) and needs no schedule; :class:`~tvm_lowprec.schedule.softmax_vectors.VectorSoftmaxRule`
+held in registers (:mod:`tvm_lowprec.intrin.permute`): the same row maximum, the same per-lane
+partial sums (in k order), the lanes then combined by a butterfly (the scheduled kernel adds them in
+lane order: a sum's last bit may differ), the same division and quantization, exponentials within 2
+ulp of the exact ones. It is written as vector code (each row's, or each vector of rows', values
+bound once, the loop over the reduced axis unrolled; ROWS_PER_ITEM rows interleaved) and needs no
+schedule; :class:`~tvm_lowprec.schedule.softmax_vectors.VectorSoftmaxRule`
 picks it (per-kernel figures: ``benchmarks/results/xeon-amx-2core/profiles-2026-12-03.md``).
 """
 
@@ -93,6 +95,9 @@ def build_qsoftmax(shape, in_dtype: str, in_scale: float, out_dtype: str, out_sc
     return func.with_attr("global_symbol", name).with_attrs(attrs)
 
 
+# rows of a work item along the last axis, interleaved (their latency chains overlap): a 128-element row
+# alone is 41 us for 1536 rows on Zen 4
+ROWS_PER_ITEM = 4
 _MAX_UNROLLED = 64  # vectors per work item: a longer row takes the loop form (more bins: the scheduled kernel)
 _MIN_PARALLEL = 1 << 12  # elements: below this the work items run serially (a fork costs more)
 _TINY = 2.0 ** -60  # table entries below this are 0: the exponentials they make are below it too, which a
@@ -129,18 +134,22 @@ def _table_exp(permute, high, low, d, bind, suffix: str):
     return high_part * table_lookup(permute, low, bind(f"l{suffix}", d & splat(15)))
 
 
-def _lane_reduce(vector, lanes: int, combine):
-    """The lanes of ``vector`` combined in lane order (lane 0 first), as a scalar."""
-    scalar = tirx.Shuffle([vector], [tirx.IntImm("int32", 0)])
-    for i in range(1, lanes):
-        scalar = combine(scalar, tirx.Shuffle([vector], [tirx.IntImm("int32", i)]))
-    return scalar
+def _lane_reduce(vector, lanes: int, combine, bind):
+    """The lanes of ``vector`` combined, in every lane: a butterfly of log2(lanes) steps, each lane
+    combined with the lane ``step`` away (``bind`` names each step's vector). A chain of scalar
+    extracts (lane 0, then 1, ...) made the row's maximum a run of compares and branches and its sum
+    15 dependent scalar adds: 137 cycles a 128-element row on Zen 4."""
+    for step in (1 << k for k in reversed(range(lanes.bit_length() - 1))):
+        partner = tirx.Shuffle([vector], [tirx.IntImm("int32", i ^ step) for i in range(lanes)])
+        vector = bind(combine(vector, partner))
+    return vector
 
 
-def _output_scale(total_scalar, out_scale: float, lanes: int):
-    """``1 / (sum * scale_out)`` broadcast, bound opaque (read by every output vector)."""
-    inverse = tirx.const(1.0, "float32") / (total_scalar * tirx.const(float(np.float32(out_scale)), "float32"))
-    return _opaque(tirx.Broadcast(inverse, lanes))
+def _output_scale(total, out_scale: float, lanes: int):
+    """``1 / (sum * scale)`` in every lane (``total``: the sum in every lane), bound opaque (read by
+    every output vector)."""
+    scale = tirx.Broadcast(tirx.const(float(np.float32(out_scale)), "float32"), lanes)
+    return _opaque(tirx.Broadcast(tirx.const(1.0, "float32"), lanes) / (total * scale))
 
 
 def _item_index(item, extents) -> list:
@@ -198,50 +207,62 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     vec = f"x{lanes}"
     splat = lambda v, dtype: tirx.Broadcast(tirx.const(v, dtype), lanes)  # noqa: E731
     _, x, y, item = _kernel_buffers(func)
-    stmts = []
-
-    def bind(name, value):
-        var = tirx.Var(name, value.ty)
-        stmts.append(tirx.Bind(var, value))
-        return var
 
     # the work items: every axis but the softmax's and the last, and the last in vectors of ``lanes``
-    # (along the last axis: the rows, each whole)
+    # (along the last axis: the rows, each whole, ROWS_PER_ITEM of them where they divide)
     extents = [e for i, e in enumerate(shape[:-1]) if i != axis] + ([] if along_row else [last // lanes])
-    index = _item_index(item, extents)
-    if along_row:  # vector k holds elements k*lanes .. of the row (the last: the row's last lanes)
-        start = lambda k: n - lanes if tail and k == vectors - 1 else k * lanes  # noqa: E731
-        at = lambda k: [*index, tirx.Ramp(tirx.const(start(k), "int32"), 1, lanes)]  # noqa: E731
-    else:  # vector k holds bin k of ``lanes`` positions along the last axis
-        def at(k):
-            spatial = [*index[:-1], tirx.Ramp(index[-1] * lanes, 1, lanes)]
-            return [*spatial[:axis], tirx.const(k, "int32"), *spatial[axis:]]
-    codes = [bind(f"q{k}", tirx.BufferLoad(x, at(k)).astype("int32" + vec)) for k in range(vectors)]
-    top = codes[0]
-    for c in codes[1:]:
-        top = tirx.max(top, c)
-    if along_row:  # the row's maximum from the lanes' maxima, broadcast back
-        top = _opaque(tirx.Broadcast(_lane_reduce(bind("lane_max", top), lanes, tirx.max), lanes))
-    top = bind("top", top)
+    per_item = next((r for r in (ROWS_PER_ITEM, 2) if along_row and math.prod(extents) % r == 0), 1)
 
-    exps = [bind(f"e{k}", _table_exp(permute, high, low, top - codes[k], bind, str(k))) for k in range(vectors)]
-    summed = list(exps)
-    if tail:  # the overlapping vector's lanes before (vectors - 1) * lanes are counted already
-        fresh = tirx.Ramp(tirx.const(n - lanes, "int32"), 1, lanes) >= splat((vectors - 1) * lanes, "int32")
-        summed[-1] = tirx.Select(fresh, exps[-1], splat(0.0, "float32"))
-    total = summed[0]
-    for e in summed[1:]:  # in k order: the scheduled kernel's order (its partial sums per lane)
-        total = total + e
-    if along_row:
-        inverse = _output_scale(_lane_reduce(bind("lane_sum", total), lanes, lambda a, b: a + b), out_scale, lanes)
-    else:
-        inverse = _opaque(splat(1.0, "float32") / (total * splat(float(np.float32(out_scale)), "float32")))
-    inverse = bind("inverse", inverse)
-    for k in range(vectors):
-        q = quantize_linear(exps[k] * inverse, 1.0, int(zero_point), int(qmin), int(qmax), str(y_buf.dtype),
-                            round_to_int, bounds=(0.0, 1.0 / float(np.float32(out_scale))))
-        stmts.append(tirx.BufferStore(y, q, at(k)))
-    return _items_func(func, x, y, item, math.prod(extents), stmts, permute)
+    def emit(index):
+        """The statements of one row (or one vector of positions) at ``index``."""
+        stmts = []
+
+        def bind(name, value):
+            var = tirx.Var(name, value.ty)
+            stmts.append(tirx.Bind(var, value))
+            return var
+
+        if along_row:  # vector k holds elements k*lanes .. of the row (the last: the row's last lanes)
+            start = lambda k: n - lanes if tail and k == vectors - 1 else k * lanes  # noqa: E731
+            at = lambda k: [*index, tirx.Ramp(tirx.const(start(k), "int32"), 1, lanes)]  # noqa: E731
+        else:  # vector k holds bin k of ``lanes`` positions along the last axis
+            def at(k):
+                spatial = [*index[:-1], tirx.Ramp(index[-1] * lanes, 1, lanes)]
+                return [*spatial[:axis], tirx.const(k, "int32"), *spatial[axis:]]
+        codes = [bind(f"q{k}", tirx.BufferLoad(x, at(k)).astype("int32" + vec)) for k in range(vectors)]
+        tops = list(codes)
+        while len(tops) > 1:  # a tree: the maximum is the same in any order
+            tops = [tirx.max(a, b) for a, b in zip(tops[::2], tops[1::2])] + tops[len(tops) - len(tops) % 2:]
+        top = tops[0]
+        if along_row:  # the row's maximum from the lanes' maxima, in every lane
+            top = _opaque(_lane_reduce(bind("lane_max", top), lanes, tirx.max, lambda v: bind("max_step", v)))
+        top = bind("top", top)
+
+        exps = [bind(f"e{k}", _table_exp(permute, high, low, top - codes[k], bind, str(k))) for k in range(vectors)]
+        summed = list(exps)
+        if tail:  # the overlapping vector's lanes before (vectors - 1) * lanes are counted already
+            fresh = tirx.Ramp(tirx.const(n - lanes, "int32"), 1, lanes) >= splat((vectors - 1) * lanes, "int32")
+            summed[-1] = tirx.Select(fresh, exps[-1], splat(0.0, "float32"))
+        total = summed[0]
+        for e in summed[1:]:  # in k order: the scheduled kernel's order (its partial sums per lane)
+            total = total + e
+        if along_row:
+            inverse = _output_scale(_lane_reduce(bind("lane_sum", total), lanes, lambda a, b: a + b,
+                                                lambda v: bind("sum_step", v)), out_scale, lanes)
+        else:
+            inverse = _opaque(splat(1.0, "float32") / (total * splat(float(np.float32(out_scale)), "float32")))
+        inverse = bind("inverse", inverse)
+        for k in range(vectors):
+            q = quantize_linear(exps[k] * inverse, 1.0, int(zero_point), int(qmin), int(qmax), str(y_buf.dtype),
+                                round_to_int, bounds=(0.0, 1.0 / float(np.float32(out_scale))))
+            stmts.append(tirx.BufferStore(y, q, at(k)))
+        return stmts
+
+    # the rows of an item interleaved statement by statement: their chains (the maximum's and the sum's
+    # butterflies, the division) are independent, and the core overlaps them
+    rows = [emit(_item_index(item * per_item + r, extents)) for r in range(per_item)]
+    stmts = [stmt for group in zip(*rows) for stmt in group]
+    return _items_func(func, x, y, item, math.prod(extents) // per_item, stmts, permute)
 
 
 def build_qsoftmax_row_loop(func, permute, round_to_int: str | None = None):
@@ -253,8 +274,8 @@ def build_qsoftmax_row_loop(func, permute, round_to_int: str | None = None):
         for k: e_k = H[(top - q_k) >> 4] * L[(top - q_k) & 15]; kept in a row buffer; lane sums += e_k
         for k: y_k = quantize(e_k / (sum * scale_out))
 
-    The same tables, sums in the same order (lane partial sums in k order, then the lanes), the same
-    quantization; a row no vector divides ends with the overlapping vector, as in the unrolled form.
+    The same tables, sums in the same order as the unrolled form (lane partial sums in k order, then a
+    butterfly over the lanes), the same quantization; a row no vector divides ends with the overlapping vector, as in the unrolled form.
     None where the softmax is not along the last axis or the row is shorter than a vector."""
     x_buf, y_buf = func.params
     shape = [int(v) for v in x_buf.shape]
@@ -304,7 +325,7 @@ def build_qsoftmax_row_loop(func, permute, round_to_int: str | None = None):
     lane_max = tirx.BufferLoad(top_lanes, [whole])
     if tail:
         lane_max = tirx.max(lane_max, code(last))
-    top = bind("top", _opaque(tirx.Broadcast(_lane_reduce(bind("lanes_max", lane_max), lanes, tirx.max), lanes)))
+    top = bind("top", _opaque(_lane_reduce(bind("lanes_max", lane_max), lanes, tirx.max, lambda v: bind("max_step", v))))
     exps = local("exps", "float32", vectors * lanes)
     sums = local("lane_sum", "float32", lanes)
     stmts.append(tirx.BufferStore(sums, splat(0.0, "float32"), [whole]))
@@ -321,7 +342,8 @@ def build_qsoftmax_row_loop(func, permute, round_to_int: str | None = None):
         stmts.append(tirx.BufferStore(exps, e, [ramp(tirx.const(full * lanes, "int32"))]))
         fresh = tirx.Ramp(last, 1, lanes) >= splat(full * lanes, "int32")
         lane_sum = lane_sum + tirx.Select(fresh, e, splat(0.0, "float32"))
-    inverse = bind("inverse", _output_scale(_lane_reduce(bind("lanes_sum", lane_sum), lanes, lambda a, b: a + b),
+    inverse = bind("inverse", _output_scale(_lane_reduce(bind("lanes_sum", lane_sum), lanes, lambda a, b: a + b,
+                                                         lambda v: bind("sum_step", v)),
                                             out_scale, lanes))
 
     def quantize(start, at):
