@@ -31,13 +31,20 @@ def _vector(values):
                         [tirx.IntImm("int32", i) for i in range(len(values))])
 
 
+def table_registers(row: RegisterPermute, table) -> list:
+    """A 16-entry float32 ``table`` (a sequence of Python floats) as the vector constants of ``row``'s
+    registers (one zmm, two ymm): a kernel binds them once and passes the bound values to
+    :func:`table_lookup` (each inlined constant is 16 immediates for TVM's simplifier to walk)."""
+    return [_vector(table[k:k + row.lanes]) for k in range(0, TABLE, row.lanes)]
+
+
 def table_lookup(row: RegisterPermute, table, idx):
     """``table[idx & 15]`` for an ``int32x<row.lanes>`` vector ``idx`` and a 16-entry float32
-    ``table`` (a sequence of Python floats): one permute per register of entries, then a binary tree
-    of selects on the index bits above the register's."""
+    ``table`` (an array of floats, or a list of its :func:`table_registers`, bound): one permute per
+    register of entries, then a binary tree of selects on the index bits above the register's."""
     lanes = row.lanes
-    parts = [tirx.call_llvm_pure_intrin(f"float32x{lanes}", row.llvm, _vector(table[k:k + lanes]), idx)
-             for k in range(0, TABLE, lanes)]
+    registers = table if isinstance(table, list) else table_registers(row, table)  # a list: the registers
+    parts = [tirx.call_llvm_pure_intrin(f"float32x{lanes}", row.llvm, register, idx) for register in registers]
     bit = lanes
     while len(parts) > 1:
         picked = (idx & tirx.Broadcast(tirx.const(bit, "int32"), lanes)) != tirx.Broadcast(tirx.const(0, "int32"), lanes)

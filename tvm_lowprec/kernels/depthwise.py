@@ -73,6 +73,12 @@ def float32_exact(params, a_dtype: str, ep: Epilogue) -> bool:
     return float32_requant_exact(np.abs(w).sum(axis=0), 255.0 if a_dtype == "uint8" else 128.0, corr, mult)
 
 
+def pixels_per_step(extent: int, most: int = 4) -> int:
+    """Output pixels a step of the depthwise kernels computes: the largest of 4, 3, 2 dividing the output
+    width (no tail), else 1."""
+    return next((u for u in range(most, 1, -1) if extent % u == 0), 1)
+
+
 def weights_fit_int8(w) -> bool:
     """Whether :func:`depthwise_params`' weights ``w - zw`` are all int8 values (symmetric int8 weights
     are; a weight zero point can push them past): what a four-byte dot product needs."""

@@ -7,26 +7,32 @@ instruction (``vpdpbusd``, ``sdot``, ``usdot``) sums four byte products per int3
 holds the taps ``kw = 4q .. 4q + 3`` of one kernel row of its channel (zeros past ``KW``), so a 3x3
 window is 3 instructions per vector of outputs::
 
-    for r in parallel(B * OH):                    # output rows
-      for g in range(C / L):                      # channel groups of L lanes (the last one overlapping)
+    for r in parallel(B * HP):                    # pass 1: the input padded (its zero point) and in
+      xb[b, hp, g, wp, :] = x[b, hp - top, wp - left, c0(g) : c0(g) + L]   # channel blocks of L
+    for r in parallel(B * OH):                    # pass 2: output rows
+      for g in range(C / L):                      # channel groups (the last one overlapping)
         w4[kh, q] = interleave(w'[kh, 4q + j, c0 : c0 + L] for j < 4)  # bytes, once per group
+        start = corr[c0 : c0 + L] - offset * sum w'
         for step in range(OW / U):                # U output columns
-          acc[u] = corr[c0 : c0 + L] - offset * sum w'     (u < U)
-          for kh, q:                              # unrolled
-            col[iw] = x[b, ih, iw, c0 : c0 + L]   # each input column once (the U windows share them)
-            acc[u] = dot(interleave(col[iw(u, 4q + j)] for j < 4), w4[kh, q], acc[u])
-          out[b, oh, ow(u), c0 : c0 + L] = requant(acc[u])
+          acc[u] = start
+          for kh:                                 # unrolled, as are q and u
+            block[k] = xb[b, oh + kh * dh, g, step * U + 4k : + 4, :]   # 4 columns: 4L contiguous bytes
+            acc[u] = dot(pick(block, taps of (u, q)), w4[kh, q], acc[u])
+          out[b, oh, step * U + u, c0 : c0 + L] = requant(acc[u])
 
-The interleave is a byte shuffle LLVM lowers to the target's permutes (``vpermb``/``vpermt2b`` with
-AVX-512 VBMI). Padding reads the input's zero point through a select, only in the border rows and
-column steps (the interior's loads are plain). Activations the instruction takes with the other
-signedness have their sign bit flipped (``a + offset``, the operand's :attr:`AOperand.offset`), which
-the accumulator's start takes back. Integer arithmetic throughout: the results are those of the
-one-tap kernel, bit for bit (the epilogue is the same function of the same int32 sum).
+``pick`` is a byte shuffle of at most two blocks, which LLVM lowers to the target's permutes
+(``vpermb``/``vpermt2b`` with AVX-512 VBMI); the blocked copy makes a step's columns one load each and
+leaves no border selects in pass 2. Activations the instruction takes with the other signedness have
+their sign bit flipped in the copy (``a + offset``, the operand's :attr:`AOperand.offset`), which the
+accumulator's start takes back. Integer arithmetic throughout: the results are those of the one-tap
+kernel, bit for bit (the epilogue is the same function of the same int32 sum). Stride 1 and outputs
+at least :data:`MIN_WIDTH` wide only: the copy is the input's size, which narrower or strided layers
+do not repay.
 
 Needs: weights ``w - zw`` within int8 (``lowprec.weights_int8``, set where the constants are made),
 the row's instruction with four bytes a lane (:attr:`~tvm_lowprec.hwspec.GemmIntrin.lane_product`)
-taking the activations as stored (no int16 widening), and at least ``L`` channels.
+taking the activations as stored (no int16 widening), at least ``L`` channels, stride 1, an output
+at least :data:`MIN_WIDTH` wide.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
+from .depthwise import pixels_per_step
 from .qgemm import Epilogue, requant_f32, requantize
 
 KSTEP = 4  # taps per lane: the instruction's bytes per int32 lane
@@ -43,10 +50,6 @@ KSTEP = 4  # taps per lane: the instruction's bytes per int32 lane
 # (the copy 4x the output) 96 at 48x48 16.3 / 13.5, 144 at 24x24 4.5 / 6.8
 MIN_WIDTH = 12
 _FLIP = {"uint8": 0x80, "int8": -128}  # the sign bit as a constant of each byte type
-
-
-def _pixels_per_step(extent: int, most: int = 4) -> int:
-    return next((u for u in range(most, 1, -1) if extent % u == 0), 1)
 
 
 def build_depthwise_dot(func, gi, operand):
@@ -81,7 +84,7 @@ def build_depthwise_dot(func, gi, operand):
     flip = operand.offset != 0
     offset = int(operand.offset)
     nbytes = KSTEP * lanes
-    unroll = _pixels_per_step(ow_n)
+    unroll = pixels_per_step(ow_n)
     steps = ow_n // unroll
     groups = -(-c_n // lanes)
 

@@ -33,7 +33,7 @@ import numpy as np
 from tvm import te, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
-from ..intrin.permute import TABLE, table_lookup
+from ..intrin.permute import TABLE, table_lookup, table_registers
 from .qgemm import quantize_linear
 
 
@@ -96,8 +96,11 @@ def build_qsoftmax(shape, in_dtype: str, in_scale: float, out_dtype: str, out_sc
 
 
 # rows of a work item along the last axis, interleaved (their latency chains overlap): a 128-element row
-# alone is 41 us for 1536 rows on Zen 4
+# alone is 41 us for 1536 rows on Zen 4, four at a time 35 us. At most MAX_INTERLEAVED vectors in all:
+# the compile time grows faster than the code (Whisper's 250-element rows, four at a time: 5.5 s a
+# kernel against 1.6 s one at a time, and the encoder has four such kernels)
 ROWS_PER_ITEM = 4
+MAX_INTERLEAVED = 32
 _MAX_UNROLLED = 64  # vectors per work item: a longer row takes the loop form (more bins: the scheduled kernel)
 _MIN_PARALLEL = 1 << 12  # elements: below this the work items run serially (a fork costs more)
 _TINY = 2.0 ** -60  # table entries below this are 0: the exponentials they make are below it too, which a
@@ -132,6 +135,19 @@ def _table_exp(permute, high, low, d, bind, suffix: str):
     splat = lambda v: tirx.Broadcast(tirx.const(v, "int32"), lanes)  # noqa: E731
     high_part = table_lookup(permute, high, bind(f"h{suffix}", d >> splat(4)))
     return high_part * table_lookup(permute, low, bind(f"l{suffix}", d & splat(15)))
+
+
+def _bound_tables(permute, scale: float):
+    """``(high, low, stmts)``: :func:`exp_tables`' registers, each bound once (opaque) by ``stmts``."""
+    stmts, bound = [], []
+    for name, table in zip(("high", "low"), exp_tables(scale)):
+        registers = []
+        for k, register in enumerate(table_registers(permute, table)):
+            var = tirx.Var(f"{name}_table{k}", register.ty)
+            stmts.append(tirx.Bind(var, _opaque(register)))
+            registers.append(var)
+        bound.append(registers)
+    return bound[0], bound[1], stmts
 
 
 def _lane_reduce(vector, lanes: int, combine, bind):
@@ -203,7 +219,7 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     vectors = -(-n // lanes) if along_row else n
     if (last % lanes and not tail) or vectors > _MAX_UNROLLED:
         return None
-    high, low = exp_tables(float(in_scale))
+    high, low, table_stmts = _bound_tables(permute, float(in_scale))
     vec = f"x{lanes}"
     splat = lambda v, dtype: tirx.Broadcast(tirx.const(v, dtype), lanes)  # noqa: E731
     _, x, y, item = _kernel_buffers(func)
@@ -211,7 +227,8 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     # the work items: every axis but the softmax's and the last, and the last in vectors of ``lanes``
     # (along the last axis: the rows, each whole, ROWS_PER_ITEM of them where they divide)
     extents = [e for i, e in enumerate(shape[:-1]) if i != axis] + ([] if along_row else [last // lanes])
-    per_item = next((r for r in (ROWS_PER_ITEM, 2) if along_row and math.prod(extents) % r == 0), 1)
+    per_item = next((r for r in (ROWS_PER_ITEM, 2) if along_row and math.prod(extents) % r == 0
+                     and r * vectors <= MAX_INTERLEAVED), 1)
 
     def emit(index):
         """The statements of one row (or one vector of positions) at ``index``."""
@@ -261,7 +278,7 @@ def build_qsoftmax_vectors(func, permute, round_to_int: str | None = None):
     # the rows of an item interleaved statement by statement: their chains (the maximum's and the sum's
     # butterflies, the division) are independent, and the core overlaps them
     rows = [emit(_item_index(item * per_item + r, extents)) for r in range(per_item)]
-    stmts = [stmt for group in zip(*rows) for stmt in group]
+    stmts = table_stmts + [stmt for group in zip(*rows) for stmt in group]
     return _items_func(func, x, y, item, math.prod(extents) // per_item, stmts, permute)
 
 
@@ -285,7 +302,7 @@ def build_qsoftmax_row_loop(func, permute, round_to_int: str | None = None):
         return None
     full, tail = n // lanes, n % lanes != 0
     vectors = full + tail
-    high, low = exp_tables(float(in_scale))
+    high, low, table_stmts = _bound_tables(permute, float(in_scale))
     vec = f"x{lanes}"
     splat = lambda v, dtype: tirx.Broadcast(tirx.const(v, dtype), lanes)  # noqa: E731
     _, x, y, item = _kernel_buffers(func)
@@ -295,7 +312,7 @@ def build_qsoftmax_row_loop(func, permute, round_to_int: str | None = None):
     code = lambda start: tirx.BufferLoad(x, [*index, ramp(start)]).astype("int32" + vec)  # noqa: E731
     last = tirx.const(n - lanes, "int32")  # the tail vector's first element
     zero = tirx.const(0, "int32")
-    stmts = []
+    stmts = list(table_stmts)
 
     def bind(name, value):
         var = tirx.Var(name, value.ty)

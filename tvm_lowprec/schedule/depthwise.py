@@ -28,12 +28,8 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
+from ..kernels.depthwise import pixels_per_step
 from .blocks import find_block
-
-
-def _pixels_per_step(extent: int, most: int = 4) -> int:
-    """U: the largest of 4, 3, 2 dividing the output width (no tail), else 1."""
-    return next((u for u in range(most, 1, -1) if extent % u == 0), 1)
 
 
 def _vector_lanes(channels: int, lanes: int) -> int | None:
@@ -52,7 +48,7 @@ class DepthwiseRule:
         b, oh, ow, c, kh, kw = sch.get_loops(acc)
         channels = int(sch.get(c).extent)
         lanes = _vector_lanes(channels, spec.gemm.lanes)
-        owo, owi = sch.split(ow, [None, _pixels_per_step(int(sch.get(ow).extent))])
+        owo, owi = sch.split(ow, [None, pixels_per_step(int(sch.get(ow).extent))])
         co, ci = sch.split(c, [None, lanes]) if lanes else (c, None)
         sch.reorder(owo, co, kh, kw, owi, *([ci] if lanes else []))
         sch.parallel(oh)
