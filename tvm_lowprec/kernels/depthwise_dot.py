@@ -16,7 +16,7 @@ window is 3 instructions per vector of outputs::
         for step in range(OW / U):                # U output columns
           acc[u] = start
           for kh:                                 # unrolled, as are q and u
-            block[k] = xb[b, oh + kh * dh, g, step * U + 4k : + 4, :]   # 4 columns: 4L contiguous bytes
+            block[k] = xb[b, oh * sh + kh * dh, g, step * U + 4k : + 4, :]   # 4 columns, 4L bytes
             acc[u] = dot(pick(block, taps of (u, q)), w4[kh, q], acc[u])
           out[b, oh, step * U + u, c0 : c0 + L] = requant(acc[u])
 
@@ -127,7 +127,7 @@ def build_depthwise_dot(func, gi, operand):
 
     pad_vec = flipped(tirx.Broadcast(tirx.BufferLoad(pad, [zero]).astype(a_dtype), lanes))
 
-    def fill(lo: int, hi: int, value_at):
+    def fill(pg, lo: int, hi: int, value_at):
         """``xb[pb, hp, pg, pw] = value_at(pw)`` for pw in [lo, hi) (nothing where empty)."""
         if hi <= lo:
             return []
@@ -135,15 +135,18 @@ def build_depthwise_dot(func, gi, operand):
         store = tirx.BufferStore(xb, value_at(pw), [pb, hp, pg, pw, ramp(zero)])
         return [tirx.For(pw, lo, hi - lo, tirx.ForKind.SERIAL, store)]
 
-    pg = tirx.Var("pg", "int32")
-    inner_hi = min(wp_n, left + w_n)
-    row_copy = [*fill(0, min(left, wp_n), lambda _: pad_vec),
-                *fill(left, inner_hi, lambda v: flipped(tirx.BufferLoad(x, [pb, hp - top, v - left, ramp(channel0(pg))]))),
-                *fill(max(left + w_n, 0), wp_n, lambda _: pad_vec)]
-    row_copy = tirx.For(pg, 0, groups, tirx.ForKind.SERIAL, tirx.SeqStmt(row_copy) if len(row_copy) > 1 else row_copy[0])
-    pg = tirx.Var("pg", "int32")
-    row_pad = tirx.For(pg, 0, groups, tirx.ForKind.SERIAL, fill(0, wp_n, lambda _: pad_vec)[0])
-    copy = tirx.IfThenElse(tirx.all(hp >= top, hp < top + h_n), row_copy, row_pad)
+    def groups_loop(make):  # for pg in range(groups): make(pg), a fresh loop variable each time
+        pg = tirx.Var("pg", "int32")
+        body = make(pg)
+        return tirx.For(pg, 0, groups, tirx.ForKind.SERIAL, tirx.SeqStmt(body) if len(body) > 1 else body[0])
+
+    def inside_row(pg):  # the input's row: padding, its columns, padding
+        read = lambda v: flipped(tirx.BufferLoad(x, [pb, hp - top, v - left, ramp(channel0(pg))]))  # noqa: E731
+        return [*fill(pg, 0, min(left, wp_n), lambda _: pad_vec), *fill(pg, left, min(wp_n, left + w_n), read),
+                *fill(pg, max(left + w_n, 0), wp_n, lambda _: pad_vec)]
+
+    copy = tirx.IfThenElse(tirx.all(hp >= top, hp < top + h_n), groups_loop(inside_row),
+                           groups_loop(lambda pg: fill(pg, 0, wp_n, lambda _: pad_vec)))
     pass1 = tirx.For(prow, 0, batch * hp_n, tirx.ForKind.PARALLEL, copy)
 
     # pass 2: the convolution, an output row per work item
