@@ -231,18 +231,19 @@ def best_runs(tiles: int) -> int:
     return next(d for d in range(min(MAX_RUNS, tiles), 0, -1) if tiles % d == 0)
 
 
-def is_narrow_layout(layout: "GemmLayout", n: int, batch: int = 0) -> bool:
-    """Whether a GEMM of ``n`` columns on ``layout`` shares its row tiles, not its B panels, between
-    threads: fewer than :data:`MIN_PANEL_TASKS` panels, all of K in a tile, no batch."""
-    return not layout.kblock and not batch and -(-n // layout.panel) < MIN_PANEL_TASKS
+def shares_row_tiles(n: int, panel: int, kblock: int, batch: int) -> bool:
+    """Whether a GEMM of ``n`` columns in B panels of ``panel`` shares its row tiles, not its panels,
+    between threads: fewer than :data:`MIN_PANEL_TASKS` panels, all of K in a tile (``kblock`` 0), no
+    batch. The layout (:func:`splittable_rows`) and the schedule (``schedule.qgemm.is_narrow``) both ask."""
+    return not kblock and not batch and -(-n // panel) < MIN_PANEL_TASKS
 
 
 def splittable_rows(layout: "GemmLayout", problem: "QGemmProblem") -> "GemmLayout":
     """``layout`` with M padded to a number of row tiles that has a divisor of at least
     :data:`MIN_RUNS` (up to :data:`MAX_RUNS`) where it is a narrow GEMM's
-    (:func:`is_narrow_layout`) and has none, by at most :data:`PAD_TILES_LIMIT` more tiles."""
+    (:func:`shares_row_tiles`) and has none, by at most :data:`PAD_TILES_LIMIT` more tiles."""
     tiles = layout.mp // layout.mr
-    if tiles < 2 * MIN_RUNS or not is_narrow_layout(layout, problem.n, problem.batch) or best_runs(tiles) >= MIN_RUNS:
+    if tiles < 2 * MIN_RUNS or not shares_row_tiles(problem.n, layout.panel, layout.kblock, problem.batch) or best_runs(tiles) >= MIN_RUNS:
         return layout
     for more in range(tiles + 1, tiles + 1 + int(PAD_TILES_LIMIT * tiles)):
         if best_runs(more) >= MIN_RUNS:

@@ -21,7 +21,7 @@ import math
 import tvm
 from tvm.s_tir import Schedule
 
-from ..kernels.qgemm import MAX_RUNS, MIN_PANEL_TASKS, best_runs  # noqa: F401 (MAX_RUNS: the tuner's bound)
+from ..kernels.qgemm import MAX_RUNS, MIN_PANEL_TASKS, best_runs, shares_row_tiles  # noqa: F401 (re-exported)
 from .blocks import find_block
 from .lookup_epilogue import WHOLE_ROWS
 
@@ -183,10 +183,7 @@ def is_narrow(func) -> bool:
     :data:`MIN_PANEL_TASKS` panels, no batch); with K blocks the panels stay the parallel loop."""
     _, nr, kblock = (int(x) for x in func.attrs["lowprec.tile"])
     lanes, _ = (int(x) for x in func.attrs["lowprec.vector"])
-    if kblock or int(func.attrs.get("lowprec.batch", 0)) > 0:
-        return False
-    n = int(func.attrs["lowprec.shape"][1])
-    return -(-n // (lanes * nr)) < MIN_PANEL_TASKS  # B panels of lanes * nr columns
+    return shares_row_tiles(int(func.attrs["lowprec.shape"][1]), lanes * nr, kblock, int(func.attrs.get("lowprec.batch", 0)))
 
 
 def row_runs(tiles: int) -> list[int]:
