@@ -428,6 +428,25 @@ class RotaryEmbedding(_tvm_onnx.OnnxOpConverter):
         return relax.op.reshape(out, shape)
 
 
+# A GroupQueryAttention attribute of ours (set by tvm_lowprec.llm.cache_in_place, never by exporters):
+# past_key/past_value are the whole cache of the maximum length, this call's keys and values are written
+# into it at positions seqlens_k + 1 - seq ... (in place: relax.call_tir_inplace), and the outputs
+# present_key/present_value are the cache itself (ORT's shared past/present buffer).
+CACHE_IN_PLACE = "lowprec_cache_in_place"
+
+
+def _cache_write(bb, cache, rows, start):
+    """``cache`` [batch, kv_heads, length, head] with ``rows`` [batch, kv_heads, seq, head] written at
+    ``start`` [batch] (int64), in place (:mod:`tvm_lowprec.kernels.kv_cache`)."""
+    from ..kernels.kv_cache import OP, cache_write_kernel
+
+    batch, heads, length, head = (int(d) for d in cache.ty.shape)
+    seq, dtype = int(rows.ty.shape[2]), str(cache.ty.dtype)
+    kernel = bb.add_func(cache_write_kernel(batch, heads, length, seq, head, dtype),
+                         f"{OP}_{dtype}_{batch}x{heads}x{length}x{head}_rows{seq}")
+    return bb.emit(relax.call_tir_inplace(kernel, [cache, rows, start], [0], relax.TensorType(cache.ty.shape, dtype)))
+
+
 class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
     """ONNX Runtime's ``com.microsoft.GroupQueryAttention`` with separate past and present key/value
     tensors (what ORT GenAI's builder writes for CPU), static shapes (``from_onnx`` fixes them):
@@ -475,7 +494,7 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
         v = bb.normalize(relax.op.reshape(value, (batch, seq, kv_heads, head)))
         # each query's position: seqlens_k + 1 - seq + i (the steps before it, then its place in this call)
         steps = relax.op.reshape(relax.op.arange(0, seq, 1, "int64"), (1, seq))
-        start = relax.op.subtract(relax.op.astype(seqlens, "int64"), relax.const(seq - 1, "int64"))
+        start = bb.normalize(relax.op.subtract(relax.op.astype(seqlens, "int64"), relax.const(seq - 1, "int64")))
         positions = bb.normalize(relax.op.add(relax.op.reshape(start, (batch, 1)), steps))  # [batch, seq]
         if int(attr.get("do_rotary", 0)):
             rotary = 2 * int(cos_cache.ty.shape[-1])
@@ -486,9 +505,15 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
             q, k = _rotate(bb, q, cos, sin, rotary, interleaved), _rotate(bb, k, cos, sin, rotary, interleaved)
         k = bb.normalize(relax.op.permute_dims(k, [0, 2, 1, 3]))  # [batch, kv_heads, seq, head]
         v = bb.normalize(relax.op.permute_dims(v, [0, 2, 1, 3]))
-        present_k = bb.normalize(relax.op.concat([past_key, k], axis=2)) if past else k
-        present_v = bb.normalize(relax.op.concat([past_value, v], axis=2)) if past else v
-        total = past + seq
+        if int(attr.get(CACHE_IN_PLACE, 0)):  # the past is the whole cache: this call's rows written into it
+            if past_key is None:
+                raise UnsupportedOperatorError("GroupQueryAttention with its cache in place needs past_key/past_value")
+            present_k, present_v = (_cache_write(bb, cache, rows, start) for cache, rows in ((past_key, k), (past_value, v)))
+            total = past
+        else:
+            present_k = bb.normalize(relax.op.concat([past_key, k], axis=2)) if past else k
+            present_v = bb.normalize(relax.op.concat([past_value, v], axis=2)) if past else v
+            total = past + seq
         group = heads // kv_heads
         # query head h reads key/value head h // group: the queries as [batch, kv_heads, group, seq, head]
         # against the keys as [batch, kv_heads, 1, total, head] (broadcast by the matmul, not copied)
@@ -496,8 +521,14 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
         keys = bb.normalize(relax.op.reshape(present_k, (batch, kv_heads, 1, total, head)))
         values = bb.normalize(relax.op.reshape(present_v, (batch, kv_heads, 1, total, head)))
         scale = float(attr.get("scale", 0.0)) or 1.0 / float(np.sqrt(head))
-        scores = relax.op.multiply(relax.op.matmul(qt, relax.op.permute_dims(keys, [0, 1, 2, 4, 3])),
-                                   relax.const(np.float32(scale), f32))
+        if seq == 1:  # one query per head (a decode step): a product summed over head reads the keys once,
+            # where the matmul would first copy the whole cache transposed
+            dots = relax.op.sum(relax.op.multiply(qt, keys), axis=[-1])  # [batch, kv_heads, group, total]
+            scores = relax.op.multiply(relax.op.reshape(dots, (batch, kv_heads, group, 1, total)),
+                                       relax.const(np.float32(scale), f32))
+        else:
+            scores = relax.op.multiply(relax.op.matmul(qt, relax.op.permute_dims(keys, [0, 1, 2, 4, 3])),
+                                       relax.const(np.float32(scale), f32))
         softcap = float(attr.get("softcap", 0.0))
         if softcap > 0:
             cap = relax.const(np.float32(softcap), f32)

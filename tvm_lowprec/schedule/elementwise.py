@@ -41,6 +41,12 @@ _MIN_ROWS = 8  # a concatenation's column loop is kept apart only above this man
 _FLAT = 64  # elements per vector of a flat nest: a zmm of bytes (LLVM splits it where that is wider)
 
 
+def _int64_data(func) -> bool:
+    """Whether a buffer of ``func`` holds int64 values (positions, token ids): ForceNarrowIndexToInt32
+    stops there ("The buffer parameter ... has dtype T.int64")."""
+    return any(str(getattr(param.ty, "dtype", "")) == "int64" for param in func.params)
+
+
 class ElementwiseRule:
     def apply(self, func, spec):
         if func.attrs is not None and func.attrs.get("lowprec.op", None) is not None:
@@ -49,7 +55,8 @@ class ElementwiseRule:
         root, blocks = root_children(sch)
         if not blocks or any(iv.iter_type != 0 for b in blocks for iv in sch.get(b).iter_vars):
             return None  # empty, or a reduction: not ours
-        if any(_is_padding(sch.get(b)) for b in blocks):  # its border split off by LoopPartition: int32 loops
+        # its border split off by LoopPartition: int32 loops (TVM's narrowing refuses int64 data buffers)
+        if any(_is_padding(sch.get(b)) for b in blocks) and not _int64_data(func):
             sch = Schedule(narrow_indices(func))
             root, blocks = root_children(sch)
         blocks = _without_trailing_reshapes(sch, blocks)

@@ -1,0 +1,184 @@
+"""Language-model decoding on a compiled decoder: a KV cache written in place, prefill and decode steps.
+
+``Generator`` compiles a decoder exported by ONNX Runtime GenAI's builder twice, once for a prompt
+chunk of ``chunk`` tokens and once for one token, both over a KV cache of ``max_length`` steps that it
+owns (numpy arrays the compiled kernels write into: :mod:`.cache_graph`). These two compiles serve every
+prompt length and every decode step up to ``max_length``: a prompt runs in chunks (the last one
+overlapping the one before, or padded where the prompt is shorter than a chunk), a token in one call.
+
+    gen = tvm_lowprec.llm.Generator("model_dir/model.onnx", max_length=256)
+    tokens = gen.generate(prompt_ids, new_tokens=32)           # greedy; top_k=... samples
+    logits = gen.prefill(prompt_ids); logits = gen.step(token)  # or step by step
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from .cache_graph import CacheLayout, cache_in_place
+
+
+def _aligned_zeros(shape, dtype) -> np.ndarray:
+    """Zeros whose data is 64-byte aligned: the compiled model takes them without a copy, so its cache
+    writes land in this array (a copy would take them away)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    raw = np.zeros(count * dtype.itemsize + 64, np.uint8)
+    offset = -raw.ctypes.data % 64
+    return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _model_file(model) -> Path | None:
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        return path / "model.onnx" if path.is_dir() else path
+    return None
+
+
+class Generator:
+    """A decoder with its KV cache: ``prefill(tokens)``, ``step(token)``, ``generate(prompt, n)``.
+
+    Parameters
+    ----------
+    model : str, path or onnx.ModelProto
+        ORT GenAI's export (``model.onnx``, or the folder holding it and ``genai_config.json``).
+    max_length : int
+        Cache length: prompt and generated tokens together.
+    chunk : int
+        Prompt tokens per prefill call (1: the prompt runs token by token on the decode compile).
+    target, num_threads, **compile_options
+        As :func:`tvm_lowprec.compile`.
+
+    Attributes
+    ----------
+    layout : CacheLayout
+        The cache inputs found in the graph.
+    prefill_model, decode_model : Compiled
+        The two compiles (the same object where ``chunk == 1``).
+    compile_s : float
+        Seconds spent importing and compiling both.
+    """
+
+    def __init__(self, model, max_length: int = 512, chunk: int = 64, target="native", num_threads=None,
+                 **compile_options):
+        import onnx
+
+        import tvm_lowprec
+
+        if not 1 <= chunk <= max_length:
+            raise InputError(f"chunk must be between 1 and max_length ({max_length}), got {chunk}")
+        path = _model_file(model)
+        proto = onnx.load(str(path)) if path is not None else model
+        rewritten, self.layout = cache_in_place(proto, path)
+        self.max_length, self.chunk = int(max_length), int(chunk)
+        start = time.perf_counter()
+
+        def build(seq: int):
+            mod = tvm_lowprec.from_onnx(rewritten, shape_dict=self.layout.shapes(1, seq, self.max_length))
+            return tvm_lowprec.compile(mod, target=target, num_threads=num_threads, **compile_options)
+
+        self.decode_model = build(1)
+        self.prefill_model = build(self.chunk) if self.chunk > 1 else self.decode_model
+        self.compile_s = time.perf_counter() - start
+        shape = (1, self.layout.kv_heads, self.max_length, self.layout.head_size)
+        self.cache = {name: _aligned_zeros(shape, self.layout.dtype) for pair in self.layout.caches for name in pair}
+        self._mask = np.zeros((1, self.max_length), np.int64)
+        self.tokens: list[int] = []
+
+    # -- state -------------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        """Tokens in the cache."""
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        """Forget the cache (its old contents stay; the mask hides them)."""
+        self.tokens = []
+        self._mask[:] = 0
+
+    def _run(self, compiled, ids: list[int], start: int) -> np.ndarray:
+        """Tokens ``ids`` at positions ``start ..``: the logits ``[len(ids), vocab]``."""
+        seq = len(ids)
+        feed = dict(self.cache)
+        feed[self.layout.tokens] = np.asarray(ids, np.int64).reshape(1, seq)
+        self._mask[0, :start + seq] = 1
+        self._mask[0, start + seq:] = 0
+        feed[self.layout.mask] = self._mask
+        if self.layout.positions is not None:
+            feed[self.layout.positions] = np.arange(start, start + seq, dtype=np.int64).reshape(1, seq)
+        logits = compiled(feed)[0]
+        return np.asarray(logits).reshape(seq, -1)
+
+    # -- decoding ----------------------------------------------------------------------------------
+    def prefill(self, tokens) -> np.ndarray:
+        """Append ``tokens`` (after whatever is cached) and return the last one's logits ``[vocab]``."""
+        tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
+        if not tokens:
+            raise InputError("prefill needs at least one token")
+        end = self.length + len(tokens)
+        if end > self.max_length:
+            raise InputError(f"{end} tokens exceed the cache's max_length {self.max_length}")
+        history = self.tokens + tokens
+        if self.chunk == 1:
+            for pos in range(self.length, end):
+                logits = self._run(self.decode_model, [history[pos]], pos)[-1]
+            self.tokens = history
+            return logits
+        pos, logits = self.length, None
+        while pos < end:
+            if pos + self.chunk <= end:
+                first = pos  # a whole chunk
+            elif end >= self.chunk:
+                first = end - self.chunk  # the last chunk, overlapping positions already written (same values)
+            else:
+                first = 0  # the whole prompt is shorter than a chunk: from the start, padded
+            ids = history[first:first + self.chunk]
+            rows = self._run(self.prefill_model, ids + [0] * (self.chunk - len(ids)), first)
+            last = min(first + self.chunk, end) - 1
+            logits = rows[last - first]
+            pos = first + self.chunk
+        self.tokens = history
+        self._mask[0, end:] = 0  # padded positions hold garbage: hidden until a step overwrites them
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token; its logits ``[vocab]``."""
+        if self.length + 1 > self.max_length:
+            raise InputError(f"the cache's max_length {self.max_length} is reached")
+        logits = self._run(self.decode_model, [int(token)], self.length)[-1]
+        self.tokens.append(int(token))
+        return logits
+
+    @staticmethod
+    def choose(logits: np.ndarray, top_k: int = 1, temperature: float = 1.0, rng=None) -> int:
+        """Greedy (``top_k`` 1) or sampled among the ``top_k`` most likely tokens."""
+        if top_k <= 1:
+            return int(np.argmax(logits))
+        rng = rng if rng is not None else np.random.default_rng()
+        best = np.argpartition(logits, -top_k)[-top_k:]
+        scores = logits[best].astype(np.float64) / max(temperature, 1e-6)
+        probs = np.exp(scores - scores.max())
+        return int(best[rng.choice(top_k, p=probs / probs.sum())])
+
+    def generate(self, prompt, new_tokens: int, top_k: int = 1, temperature: float = 1.0, seed: int = 0,
+                 eos: int | None = None) -> list[int]:
+        """Prefill ``prompt`` (after a :meth:`reset`), then ``new_tokens`` steps: the new tokens."""
+        self.reset()
+        rng = np.random.default_rng(seed)
+        logits = self.prefill(prompt)
+        out = []
+        for i in range(new_tokens):
+            token = self.choose(logits, top_k, temperature, rng)
+            out.append(token)
+            if token == eos or i == new_tokens - 1:
+                break
+            logits = self.step(token)
+        return out
+
+
+__all__ = ["CacheLayout", "Generator", "cache_in_place"]
