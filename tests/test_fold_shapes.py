@@ -193,3 +193,25 @@ def test_a_pads_dequantized_constant_value_is_folded_at_import(tmp_path, rng):
     want, = ort_session(model, optimized=False).run(None, {"x": x})
     steps = np.abs(compiled(x)[0] - want) / 0.05
     assert steps.max() <= 1.0 + 1e-3
+
+
+def test_a_pads_constant_value_shared_with_other_operators_is_detached(tmp_path, rng):
+    """torch's exporter shares one constant between a Pad's value and Where's (MobileBERT): the Pad gets
+    the dequantized value as its own initializer, the Where keeps the DequantizeLinear; both match ORT."""
+    model = _padded_conv_qdq()
+    nodes = list(model.graph.node)
+    nodes.insert(-2, helper.make_node("Less", ["xd", "pad_value"], ["negative"]))
+    nodes.insert(-2, helper.make_node("Where", ["negative", "pad_value", "xd"], ["relu"]))
+    nodes += [helper.make_node("QuantizeLinear", ["relu", "s", "z"], ["rq"]),
+              helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["relu_out"])]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.output.append(helper.make_tensor_value_info("relu_out", TensorProto.FLOAT, None))
+    folded = fold_shapes(model)
+    pad = next(n for n in folded.graph.node if n.op_type == "Pad")
+    assert pad.input[2] in {t.name for t in folded.graph.initializer}
+    assert any(n.op_type == "Where" and "pad_value" in n.input for n in folded.graph.node)
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    for got, want in zip(compiled(x), ort_session(model, optimized=False).run(None, {"x": x})):
+        assert (np.abs(got - want) / 0.05).max() <= 1.0 + 1e-3

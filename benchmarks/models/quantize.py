@@ -41,7 +41,18 @@ def preprocess(model: onnx.ModelProto, out_path: Path) -> onnx.ModelProto:
     (constant folding of shape arithmetic once the input dims are fixed). Writes and returns the result."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    quant_pre_process(model, out_path)
+    original = model.SerializeToString()  # quant_pre_process moves a large model's weights to a temporary file
+    try:
+        quant_pre_process(model, out_path)
+    except (TypeError, ValueError, KeyError, AssertionError):  # ORT's symbolic shape inference failed inside
+        # (an Expand of a computed shape: timm's EdgeNeXt, transformers' wav2vec2): ONNX's own inference then
+        # (from a file: given a ModelProto, this path of ORT's reloads weights it never wrote)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="preprocess-") as tmp:
+            source = Path(tmp) / "model.onnx"
+            source.write_bytes(original)
+            quant_pre_process(str(source), out_path, skip_symbolic_shape=True)
     return onnx.load(str(out_path))
 
 

@@ -131,11 +131,35 @@ def _parameters_only(graph: onnx.GraphProto) -> frozenset:
     return frozenset(as_parameter - elsewhere)
 
 
+def _detach_parameters(model: onnx.ModelProto, consts: dict, opsets) -> None:
+    """A parameter input (:data:`PARAMETER_INPUTS`) read from a DequantizeLinear of constants that other
+    operators read as a tensor too (torch's exporter shares one constant 0 between a ``Pad``'s value and
+    ``Where``s: MobileBERT) gets the dequantized value as an initializer of its own; the others keep the
+    DequantizeLinear."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    parameters_only = _parameters_only(model.graph)  # those fold as they are
+    for node in model.graph.node:
+        for index in PARAMETER_INPUTS.get(node.op_type, ()):
+            source = producers.get(node.input[index]) if index < len(node.input) else None
+            if (source is None or source.op_type != "DequantizeLinear" or source.domain not in ("", "ai.onnx")
+                    or node.input[index] in parameters_only):
+                continue
+            value = _evaluate(source, consts, opsets)
+            if value is None:
+                continue
+            name = f"{node.input[index]}_as_{node.op_type.lower()}_parameter"
+            if name not in consts:
+                consts[name] = value[0]
+                model.graph.initializer.append(numpy_helper.from_array(value[0], name))
+            node.input[index] = name
+
+
 def fold_shapes(model: onnx.ModelProto, shape_dict: dict | None = None) -> onnx.ModelProto:
     """The model with its inputs' shapes fixed and every shape computation folded to initializers."""
     model = fix_input_shapes(model, shape_dict)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     opsets = list(model.opset_import)
+    _detach_parameters(model, consts, opsets)
     while True:
         model = _infer(model)
         shapes = _static_shapes(model)

@@ -132,5 +132,27 @@ def legalize_resize2d(bb, call):
                       primfunc_attrs={"lowprec.op": OP, "lowprec.layout": layout, "op_pattern": 8})
 
 
+def legalize_cumsum(bb, call):
+    """``relax.cumsum`` of a static shape: :mod:`~tvm_lowprec.kernels.scan` over ``[outer, length, inner]``
+    (TVM 0.27 legalizes it for no device the VM runs); a symbolic shape is left as it is (and named at
+    build)."""
+    from ..kernels.scan import OP, cumsum_kernel
+
+    shape, a = static_shape(call.args[0]), call.attrs
+    if shape is None:
+        return call
+    axis = int(a.axis) % len(shape) if a.axis is not None else 0
+    if a.axis is None:  # over the flattened data
+        shape, axis = (math.prod(shape),), 0
+    view = (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+    in_dtype = dtype_of(call.args[0])
+    out_dtype = str(a.dtype) if a.dtype is not None and str(a.dtype) else in_dtype
+    kernel = bb.add_func(cumsum_kernel(*view, in_dtype, out_dtype, bool(a.exclusive)),
+                         f"{OP}_{in_dtype}_{'x'.join(map(str, view))}")
+    data = bb.emit(relax.op.reshape(call.args[0], view))
+    out = bb.emit(relax.call_tir(kernel, [data], relax.TensorType(view, out_dtype)))
+    return relax.op.reshape(out, static_shape(call))
+
+
 LEGALIZE = {"relax.quantize": legalize_quantize, "relax.nn.max_pool2d": legalize_max_pool2d,
-            "relax.image.resize2d": legalize_resize2d}
+            "relax.image.resize2d": legalize_resize2d, "relax.cumsum": legalize_cumsum}
