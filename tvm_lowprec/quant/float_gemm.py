@@ -43,6 +43,7 @@ from ..kernels.fp32_gemm import (
 )
 from .patterns import (
     conv_geometry,
+    dtype_of,
     deconv_geometry,
     deconv_weight_matrix,
     mutate_relax_functions,
@@ -54,8 +55,33 @@ from .patterns import (
 _ACTS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh"}
 
 
+def _bound(expr, lookup):
+    while isinstance(expr, relax.Var):
+        expr = lookup(expr)
+    return expr
+
+
+def _dequantized_constant(call, lookup) -> np.ndarray | None:
+    """``dequantize(q, scale, zero_point)`` of constants, as ONNX defines it in float32: ``(q - zp) *
+    scale`` along ``axis`` (an imported QDQ layer left in float: a channel whose bias and zero-point
+    corrections overflow int32, :class:`~tvm_lowprec.quant.zero_points.CorrectionOverflow`)."""
+    values = [_bound(arg, lookup) for arg in call.args]
+    if len(values) != 3 or not all(isinstance(v, tvm.ir.expr.Constant) for v in values) or dtype_of(call) != "float32":
+        return None
+    q, scale, zero = (v.value.numpy() for v in values)
+    if q.dtype.kind not in "iu" or scale.dtype != np.float32:
+        return None
+    axis = int(call.attrs.axis) % max(q.ndim, 1)
+
+    def along(v):
+        return v.reshape([-1 if i == axis else 1 for i in range(q.ndim)]) if v.size > 1 else v.reshape(())
+
+    return ((q.astype(np.int64) - along(zero).astype(np.int64)).astype(np.float32) * along(scale)).astype(np.float32)
+
+
 def float_constant(expr, lookup) -> np.ndarray | None:
-    """A float32 constant's value, also through var bindings, ``permute_dims`` and ``reshape``."""
+    """A float32 constant's value, also through var bindings, ``permute_dims``, ``reshape`` and a
+    ``dequantize`` of constants."""
     while isinstance(expr, relax.Var):
         bound = lookup(expr)
         if bound is None:
@@ -66,6 +92,8 @@ def float_constant(expr, lookup) -> np.ndarray | None:
         return value if value.dtype == np.float32 else None
     if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
         return None
+    if expr.op.same_as(op("relax.dequantize")):
+        return _dequantized_constant(expr, lookup)
     if expr.op.same_as(op("relax.permute_dims")):
         inner = float_constant(expr.args[0], lookup)
         axes = expr.attrs.axes

@@ -61,6 +61,8 @@ class QGemmMatch:
     mult: np.ndarray | None  # float32 [N] requantization multiplier
     x_zero_point_expr: relax.Expr | None = None  # a runtime activation zero point (dynamic quantization)
     conv: ConvGeometry | None = None  # a convolution, computed as im2col + GEMM
+    out_scale: float | None = None  # a requantized output's scale
+    fbias: np.ndarray | None = None  # float32 [N]: a "float" epilogue's bias (added after the scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,6 +196,7 @@ def match_requantized_linear(call, lookup, mode: str) -> QGemmMatch | None:
         epilogue=_requant_epilogue(out, out_dtype, lo, hi, mode),
         mult=(acc_scale / np.float32(out.scale)).astype(np.float32),
         conv=geometry,
+        out_scale=float(out.scale),
     )
 
 
@@ -555,12 +558,39 @@ def _correction_overflow(match: QGemmMatch) -> CorrectionOverflow | None:
     return None
 
 
+def _emit_with_float_bias(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
+    """A requantized layer whose bias does not fit int32 in accumulator units (near-zero weights meeting
+    a large bias: a random or pruned channel, YOLOv8-pose's keypoint head): the integer GEMM without the
+    bias, its ``"float"`` epilogue ``acc * sx * sw + bias`` (the bias in float32, as the QDQ graph
+    dequantizes it), then the output's quantize and the activation's clamp. None where the zero-point
+    corrections alone overflow too, or for a depthwise/grouped convolution or a run-time zero point."""
+    ep = match.epilogue
+    if (ep.kind != "requant" or match.out_scale is None or match.x_zero_point_expr is not None
+            or match.conv is not None and (match.conv.depthwise or match.conv.grouped)):
+        return None
+    fbias = None if match.bias_int is None else (np.asarray(match.bias_int, np.float64) * match.acc_scale).astype(np.float32)
+    floated = replace(match, bias_int=None, fbias=fbias, epilogue=Epilogue("float"), mult=match.acc_scale)
+    if _correction_overflow(floated) is not None:
+        return None
+    y = emit_qgemm(builder, floated, spec)
+    if y is None:
+        return None
+    q = builder.emit(relax.op.quantize(y, relax.const(np.float32(match.out_scale)), relax.const(ep.zero_point, ep.out_dtype),
+                                       -1, ep.out_dtype))
+    if (ep.qmin, ep.qmax) != qrange(ep.out_dtype):
+        q = builder.emit(relax.op.clip(q, ep.qmin, ep.qmax))
+    return q
+
+
 def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
     if match.conv is not None and not match.conv.depthwise:
         conv, weight = trim_dead_taps(match.conv, match.weight)
         match = replace(match, conv=conv, weight=weight)
     overflow = _correction_overflow(match)
     if overflow is not None:
+        y = _emit_with_float_bias(builder, match, spec)
+        if y is not None:
+            return y
         # exact either way: the layer keeps the QDQ graph's own float arithmetic (dequantize, float
         # matmul/conv with the float bias, quantize) instead of one int32 kernel; PTQ widens such
         # channels' weight scales instead (tvm_lowprec.ptq), so its layers keep the integer kernel
@@ -603,7 +633,7 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
     kind = "qconv2d" if match.conv is not None else "qgemm"
     name = f"{kind}_{problem.a_dtype[0]}8_{m}x{n}x{k}_{problem.epilogue.kind}{'_dynzp' if runtime_za else ''}"
     gvar = builder.add_func(build_qgemm(problem, layout, name).with_attr("op_pattern", 8), name)
-    params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, match.mult, zcoef=zcoef)
+    params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, match.mult, fbias=match.fbias, zcoef=zcoef)
     args = [x2]
     if runtime_za:
         args.append(builder.emit(relax.op.reshape(relax.op.astype(match.x_zero_point_expr, "int32"), (1,))))
