@@ -32,8 +32,12 @@ def _qlinear_matmul_runtime_b(a_shape, b_shape, b_dtype, zb):
 @pytest.mark.parametrize(
     "a_shape,b_shape,b_dtype,zb",
     [((12, 32, 64), (12, 64, 32), "uint8", 131), ((2, 3, 17, 40), (2, 3, 40, 9), "int8", 0),
-     ((5, 33), (33, 20), "uint8", 128), ((1, 1, 64), (1, 64, 48), "int8", -3), ((3, 21, 40), (3, 40, 5), "int8", 2)],
-    ids=["heads-u8", "4d-odd-s8", "2d-runtime-b", "gemv-s8-zp", "five-columns"],  # five: a row's narrow recipe
+     ((5, 33), (33, 20), "uint8", 128), ((1, 1, 64), (1, 64, 48), "int8", -3), ((3, 21, 40), (3, 40, 5), "int8", 2),
+     ((1, 4, 24, 32), (1, 1, 32, 16), "uint8", 130), ((2, 3, 8, 16), (2, 1, 16, 24), "int8", 0),
+     ((4, 10, 16), (16, 12), "int8", 1)],
+    # five: a row's narrow recipe; multi-query: one K/V for every head, B's batch dims of 1 broadcast
+    ids=["heads-u8", "4d-odd-s8", "2d-runtime-b", "gemv-s8-zp", "five-columns", "multi-query", "grouped-query",
+         "3d-by-2d"],
 )
 def test_runtime_weights_take_the_packed_kernel_exactly(a_shape, b_shape, b_dtype, zb, rng):
     from onnx.reference import ReferenceEvaluator

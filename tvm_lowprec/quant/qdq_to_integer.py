@@ -743,9 +743,17 @@ def _batched_shapes(match: RuntimeQMatmul):
     k, n = ws[-2], ws[-1]
     if len(ws) == 2:  # one weight matrix: every leading dim of x is rows
         return 1, int(np.prod(xs[:-1])), k, n, xs[:-1]
-    if xs[:-2] != ws[:-2]:
-        return None  # broadcast batch dims: the generic path
-    return int(np.prod(xs[:-2])), xs[-2], k, n, xs[:-1]
+    lead_x, lead_w = tuple(xs[:-2]), tuple(ws[:-2])
+    if len(lead_w) > len(lead_x):
+        return None
+    lead_w = (1,) * (len(lead_x) - len(lead_w)) + lead_w  # numpy's broadcasting aligns the dims right
+    shared = len(lead_w)
+    while shared and lead_w[shared - 1] == 1 and lead_x[shared - 1] != 1:
+        shared -= 1  # B's trailing batch dims of 1 broadcast (multi-query attention's one K and V for every
+        # head): those of A's batch dims become rows of one GEMM per remaining batch
+    if lead_x[:shared] != lead_w[:shared] or any(d != 1 for d in lead_w[shared:]):
+        return None  # another broadcast (A's batch dims of 1 against B's): the generic path
+    return int(np.prod(lead_x[:shared])), int(np.prod(lead_x[shared:])) * xs[-2], k, n, xs[:-1]
 
 
 def emit_runtime_packed(builder, match: RuntimeQMatmul, spec: TargetSpec):
