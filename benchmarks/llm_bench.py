@@ -35,15 +35,10 @@ from tvm_lowprec.bench.report import markdown_table  # noqa: E402
 def nbits_bytes(path: Path) -> int:
     """Bytes of every MatMulNBits' weights, scales and zero points (what one call reads of them)."""
     import onnx
-    from onnx import numpy_helper
 
-    model = onnx.load(str(path))
-    inits = {t.name: t for t in model.graph.initializer}
-    total = 0
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            total += sum(numpy_helper.to_array(inits[name]).nbytes for name in node.input[1:4] if name in inits)
-    return total
+    from tvm_lowprec.llm import nbits_weight_bytes
+
+    return nbits_weight_bytes(onnx.load(str(path)))
 
 
 def feed_for(config: str, seq: int, past: int, seed: int = 0) -> dict:

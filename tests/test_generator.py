@@ -162,3 +162,14 @@ def test_cache_write_kernel_writes_rows_in_place_and_checks_its_bounds():
     for start in ([1, 7], [-1, 0]):  # past the end, before the start
         with pytest.raises(Exception, match="KV cache"):
             lib["main"](buffers[0], buffers[1], tvm.runtime.tensor(np.asarray(start, np.int64)))
+
+
+def test_cli_generate_reports_tokens_per_second(decoder, capsys):
+    from tvm_lowprec.cli import main
+
+    assert main(["generate", str(decoder.parent), "--prompt-tokens", "12", "--new-tokens", "4", "--chunk", "8",
+                 "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill tokens/s" in out and "decode tokens/s" in out and "weights GB/s" in out
+    assert main(["generate", str(decoder.parent), "--prompt-tokens", "12", "--max-length", "8"]) == 2
+    assert "max_length 8" in capsys.readouterr().err

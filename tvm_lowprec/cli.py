@@ -10,6 +10,7 @@
     tvm-lowprec run model.onnx --no-cache           # compile again (by default a second run loads the build)
     tvm-lowprec run detector.onnx --shape images=1x3x480x480   # dynamic axes fixed, shapes folded
     tvm-lowprec quantize model.onnx --data samples.npz --out model_qdq.onnx [--config cfg.json] [--target-sqnr 20]
+    tvm-lowprec generate llm_dir --prompt-tokens 128 --new-tokens 64   # ORT GenAI's int4 export: tokens/s
 """
 
 from __future__ import annotations
@@ -491,6 +492,50 @@ def _add_shape_option(parser) -> None:
                              "folded to constants at import")
 
 
+def cmd_generate(args) -> int:
+    """Prefill a prompt of random token ids and decode greedily on :class:`tvm_lowprec.llm.Generator`:
+    tokens/s of each, and the 4-bit weights read per decode step as GB/s next to this host's copy
+    bandwidth (64 MiB buffers, read and written bytes counted)."""
+    import onnx
+
+    from .bench.bandwidth import copy_bandwidth
+    from .llm import Generator, _model_file, nbits_weight_bytes
+
+    path = _model_file(args.model)
+    if path is None or not path.exists():
+        print(f"tvm-lowprec generate: no model at {args.model} (a folder with model.onnx, or the file)", file=sys.stderr)
+        return 2
+    max_length = args.max_length or args.prompt_tokens + args.new_tokens
+    chunk = min(args.chunk, max_length)
+    t0 = _step(f"compiling {path} for {args.target} (a chunk of {chunk} tokens and one token, cache {max_length})")
+    gen = Generator(str(path), max_length=max_length, chunk=chunk, target=args.target, num_threads=args.threads)
+    _done(t0)
+    weights = nbits_weight_bytes(onnx.load(str(path)))
+    rng = np.random.default_rng(args.seed)
+    prompt = rng.integers(0, min(args.vocab, gen.layout.vocab or args.vocab), args.prompt_tokens).tolist()
+    rows = []
+    for _ in range(args.rounds):
+        gen.reset()
+        start = time.perf_counter()
+        logits = gen.prefill(prompt)
+        prefill_s = time.perf_counter() - start
+        tokens, start = [], time.perf_counter()
+        for _ in range(args.new_tokens):
+            tokens.append(gen.choose(logits, args.top_k, rng=rng))
+            logits = gen.step(tokens[-1])
+        decode_s = (time.perf_counter() - start) / args.new_tokens
+        rows.append((prefill_s, decode_s))
+    prefill_s, decode_s = min(r[0] for r in rows), min(r[1] for r in rows)
+    copy = copy_bandwidth()
+    print(_table([{"compile s": f"{gen.compile_s:.1f}", "prompt": args.prompt_tokens,
+                   "prefill tokens/s": f"{args.prompt_tokens / prefill_s:.1f}", "new": args.new_tokens,
+                   "decode ms/token": f"{decode_s * 1e3:.2f}", "decode tokens/s": f"{1 / decode_s:.1f}",
+                   "4-bit weights MB": f"{weights / 1e6:.1f}", "weights GB/s": f"{weights / decode_s / 1e9:.1f}",
+                   "copy GB/s (64 MiB)": f"{copy.ceiling(copy.moved[-1]):.1f}"}]))
+    print(f"(best of {args.rounds} rounds; threads: {args.threads or 'all'}; tokens: {tokens[:8]} ...)")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-lowprec", description="Quantized ONNX models on low-precision CPU instructions")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -541,6 +586,20 @@ def main(argv=None) -> int:
     _add_shape_option(quant)
     _add_cache_option(quant)
     quant.set_defaults(func=cmd_quantize)
+    gen = sub.add_parser("generate", help="prefill and decode a language model exported by ORT GenAI's builder "
+                         "(int4): tokens/s and weight GB/s per decode step")
+    gen.add_argument("model", help="the builder's output folder (model.onnx, genai_config.json) or its model.onnx")
+    gen.add_argument("--prompt-tokens", type=int, default=128, help="random prompt length (default 128)")
+    gen.add_argument("--new-tokens", type=int, default=64, help="greedy decode steps (default 64)")
+    gen.add_argument("--max-length", type=int, help="KV cache length (default prompt + new tokens)")
+    gen.add_argument("--chunk", type=int, default=64, help="prompt tokens per prefill call (default 64)")
+    gen.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn below this and the model's vocabulary (default 1000)")
+    gen.add_argument("--top-k", type=int, default=1, help="1: greedy (default); N: sample among the N best")
+    gen.add_argument("--rounds", type=int, default=2, help="prefill + decode rounds; the best is reported")
+    gen.add_argument("--target", default="native")
+    gen.add_argument("--threads", type=int, default=None, help="TVM's thread pool (default: every core)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=cmd_generate)
     targets = sub.add_parser("targets", help="list the registered targets")
     targets.set_defaults(func=cmd_targets)
     args = parser.parse_args(argv)
@@ -551,9 +610,9 @@ def main(argv=None) -> int:
         print(f"tvm-lowprec {args.command}: {err}", file=sys.stderr)
         return 2
     except LowPrecError as err:
-        if args.command != "quantize":
+        if args.command not in ("quantize", "generate"):
             raise
-        print(f"tvm-lowprec quantize: {err}", file=sys.stderr)
+        print(f"tvm-lowprec {args.command}: {err}", file=sys.stderr)
         return 2
 
 

@@ -40,6 +40,24 @@ def _model_file(model) -> Path | None:
     return None
 
 
+def default_activations(model) -> str:
+    """``"int8"`` where every ``MatMulNBits`` of ``model`` asks for ``accuracy_level`` 4 (int8 activations
+    per block: what ORT GenAI's builder writes for CPU, and what ONNX Runtime then computes), else
+    ``"float"``."""
+    levels = [next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+              for node in model.graph.node if node.op_type == "MatMulNBits"]
+    return "int8" if levels and all(level == 4 for level in levels) else "float"
+
+
+def nbits_weight_bytes(model) -> int:
+    """Bytes of every ``MatMulNBits``' weights, scales and zero points: what one decode step reads of them."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    return sum(numpy_helper.to_array(inits[name]).nbytes for node in model.graph.node if node.op_type == "MatMulNBits"
+               for name in node.input[1:4] if name in inits)
+
+
 class Generator:
     """A decoder with its KV cache: ``prefill(tokens)``, ``step(token)``, ``generate(prompt, n)``.
 
@@ -52,7 +70,8 @@ class Generator:
     chunk : int
         Prompt tokens per prefill call (1: the prompt runs token by token on the decode compile).
     target, num_threads, **compile_options
-        As :func:`tvm_lowprec.compile`.
+        As :func:`tvm_lowprec.compile`; ``weight_only`` defaults to int8 activations where the file's
+        ``MatMulNBits`` ask for ``accuracy_level`` 4 (:func:`default_activations`).
 
     Attributes
     ----------
@@ -75,6 +94,8 @@ class Generator:
         path = _model_file(model)
         proto = onnx.load(str(path)) if path is not None else model
         rewritten, self.layout = cache_in_place(proto, path)
+        if "weight_only" not in compile_options:
+            compile_options["weight_only"] = tvm_lowprec.WeightOnlyConfig(activations=default_activations(proto))
         self.max_length, self.chunk = int(max_length), int(chunk)
         start = time.perf_counter()
 
@@ -181,4 +202,4 @@ class Generator:
         return out
 
 
-__all__ = ["CacheLayout", "Generator", "cache_in_place"]
+__all__ = ["CacheLayout", "Generator", "cache_in_place", "default_activations", "nbits_weight_bytes"]

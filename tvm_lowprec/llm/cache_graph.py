@@ -43,6 +43,7 @@ class CacheLayout:
     positions: str | None
     logits: str
     dtype: str = "float32"
+    vocab: int | None = None  # the logits' last dimension, where the file says it
 
     def shapes(self, batch: int, seq: int, length: int) -> dict[str, tuple[int, ...]]:
         """``shape_dict`` of a compile taking ``seq`` tokens per call into a cache of ``length`` steps."""
@@ -138,8 +139,10 @@ def cache_in_place(model: onnx.ModelProto, path=None) -> tuple[onnx.ModelProto, 
     extra = names - cache_names - {mask, tokens, "position_ids"}
     if extra:
         raise UnsupportedOperatorError(f"the decoder has inputs the generator does not feed: {sorted(extra)}")
+    dims = kept[0].type.tensor_type.shape.dim
+    vocab = int(dims[-1].dim_value) if dims and dims[-1].HasField("dim_value") else None
     layout = CacheLayout(tuple(caches), kv_heads, head_size, tokens, mask,
-                         "position_ids" if "position_ids" in names else None, kept[0].name)
+                         "position_ids" if "position_ids" in names else None, kept[0].name, vocab=vocab)
     return model, layout
 
 
