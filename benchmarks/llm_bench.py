@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,6 +86,72 @@ def measure(path: Path, config: str, name: str, seq: int, past: int, threads: li
     return rows
 
 
+def measure_generation(path: Path, threads: int, prompt_len: int, new_tokens: int, rounds: int, chunk: int,
+                       weight_bytes: int) -> list[dict]:
+    """``tvm_lowprec.llm.Generator`` against ORT GenAI's own generator loop (``og.Generator``:
+    ``append_tokens`` of the prompt, then ``generate_next_token``), greedy, on the same folder and prompt,
+    ``threads`` threads each (ORT GenAI's through its config overlay; TVM's pool set by the process),
+    ``rounds`` interleaved rounds, quiesced before each; the median round. Prefill: the prompt's call(s);
+    decode: per token of ``new_tokens``. The read bandwidth of ``threads`` streams over as many bytes
+    as the 4-bit weights is measured in the same run (``int4_bench.read_bandwidth``)."""
+    import onnxruntime_genai as og
+
+    from int4_bench import compile_read_bw, read_bandwidth
+    from tvm_lowprec.bench.quiesce import quiesce
+    from tvm_lowprec.llm import Generator
+
+    folder = path.parent
+    start = time.perf_counter()
+    gen = Generator(str(path), max_length=prompt_len + new_tokens, chunk=min(chunk, prompt_len))
+    compile_s = time.perf_counter() - start
+    config = og.Config(str(folder))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+    model = og.Model(config)
+    prompt = np.random.default_rng(0).integers(0, gen.layout.vocab or 1000, prompt_len)
+
+    def ours():
+        gen.reset()
+        t0 = time.perf_counter()
+        logits = gen.prefill(prompt)
+        t1, tokens = time.perf_counter(), []
+        for _ in range(new_tokens):
+            tokens.append(int(np.argmax(logits)))
+            logits = gen.step(tokens[-1])
+        return t1 - t0, (time.perf_counter() - t1) / new_tokens, tokens
+
+    def theirs():
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=prompt_len + new_tokens + 1, do_sample=False)
+        generator = og.Generator(model, params)
+        t0 = time.perf_counter()
+        generator.append_tokens(prompt.astype(np.int32))
+        t1, tokens = time.perf_counter(), []
+        for _ in range(new_tokens):
+            generator.generate_next_token()
+            tokens.append(int(generator.get_next_tokens()[0]))
+        return t1 - t0, (time.perf_counter() - t1) / new_tokens, tokens
+
+    ours(), theirs()  # warm-up
+    results = {"tvm": [], "ort": []}
+    for _ in range(rounds):
+        for name, run in (("tvm", ours), ("ort", theirs)):
+            quiesce()
+            results[name].append(run())
+    (tp, td, tokens), (op, od, their_tokens) = (
+        (float(np.median([r[0] for r in rs])), float(np.median([r[1] for r in rs])), rs[-1][2])
+        for rs in (results["tvm"], results["ort"]))
+    same = next((i for i, (a, b) in enumerate(zip(tokens, their_tokens)) if a != b), len(tokens))
+    with tempfile.TemporaryDirectory() as tmp:
+        read_gbs = read_bandwidth(compile_read_bw(Path(tmp)), max(weight_bytes, 256 << 20), threads, 5)
+    row = {"point": "generate", "threads": threads, "prompt": prompt_len, "new_tokens": new_tokens,
+           "compile_s": round(compile_s, 1), "tvm_prefill_ms": tp * 1e3, "ort_prefill_ms": op * 1e3,
+           "tvm_decode_ms": td * 1e3, "ort_decode_ms": od * 1e3, "prefill_ratio": op / tp, "decode_ratio": od / td,
+           "tvm_weight_gbs": weight_bytes / td / 1e9, "ort_weight_gbs": weight_bytes / od / 1e9,
+           "read_gbs": read_gbs, "greedy_tokens_identical": same}
+    print(row, flush=True)
+    return [row]
+
+
 def _child_rows(argv: list[str], threads: int) -> list[dict]:
     """This benchmark for one thread count in a new process whose TVM thread pool starts with that many
     threads (switching ``Compiled.num_threads`` inside one process left the 2-thread decode bimodal:
@@ -124,12 +191,21 @@ def main(argv=None) -> None:
     parser.add_argument("--same-process", action="store_true",
                         help="every thread count in this process (Compiled.num_threads switched between them); by "
                              "default each thread count runs in a process of its own started with TVM_NUM_THREADS set")
+    parser.add_argument("--generate", action="store_true",
+                        help="tvm_lowprec.llm.Generator (a KV cache in place, one prefill and one decode compile) "
+                             "against ORT GenAI's generator loop: --prompt tokens, then --new-tokens greedy steps")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=64, help="prompt tokens per prefill call (--generate)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (--generate)")
     parser.add_argument("--rows-json", type=Path, help=argparse.SUPPRESS)  # a child's rows, for its parent
     args = parser.parse_args(argv)
     path = build(args.config, args.models)
     weight_bytes = nbits_bytes(path)
     if len(args.threads) > 1 and not args.same_process:
         rows = [row for t in args.threads for row in _child_rows(argv if argv is not None else sys.argv[1:], t)]
+    elif args.generate:
+        rows = [row for t in args.threads for row in measure_generation(path, t, args.prompt, args.new_tokens,
+                                                                        args.rounds, args.chunk, weight_bytes)]
     else:
         rows = measure(path, args.config, "decode", 1, args.past, args.threads, weight_bytes, args.activations)
         rows += measure(path, args.config, "prefill", args.prompt, 1, args.threads, weight_bytes, args.activations)
@@ -139,6 +215,8 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"config": args.config, "weight_bytes": weight_bytes,
                                                        "rows": rows}, indent=1))
+    if args.generate:
+        return write_generation_report(args, rows, weight_bytes)
     head = ["point", "threads", "compile s", "tvm-lowprec ms", "ORT ms", "ORT / tvm-lowprec", "tvm tokens/s",
             "ORT tokens/s", "tvm weight GB/s", "ORT weight GB/s", "logits cosine"]
     body = [[r["point"] + f" ({r['seq']} after {r['past']})", r["threads"], r["compile_s"], f"{r['tvm_ms']:.3f}",
@@ -147,6 +225,23 @@ def main(argv=None) -> None:
     text = "\n".join([f"# {args.config} decoder (ORT GenAI builder, int4): tvm-lowprec vs ONNX Runtime", "",
                       f"tvm-lowprec's activations: {args.activations}", "",
                       f"4-bit weights read per call: {weight_bytes / 1e6:.1f} MB", "", *markdown_table(head, body)])
+    (args.out / "report.md").write_text(text + "\n")
+    print(text)
+
+
+def write_generation_report(args, rows: list[dict], weight_bytes: int) -> None:
+    head = ["threads", "compile s", "prefill tokens/s tvm", "ORT GenAI", "ratio", "decode tokens/s tvm", "ORT GenAI",
+            "ratio", "weight GB/s tvm", "ORT GenAI", "read GB/s", "tvm % of read", "greedy tokens identical"]
+    body = [[r["threads"], r["compile_s"], f"{r['prompt'] / r['tvm_prefill_ms'] * 1e3:.1f}",
+             f"{r['prompt'] / r['ort_prefill_ms'] * 1e3:.1f}", f"**{r['prefill_ratio']:.2f}x**",
+             f"{1e3 / r['tvm_decode_ms']:.1f}", f"{1e3 / r['ort_decode_ms']:.1f}", f"**{r['decode_ratio']:.2f}x**",
+             f"{r['tvm_weight_gbs']:.1f}", f"{r['ort_weight_gbs']:.1f}", f"{r['read_gbs']:.1f}",
+             f"{100 * r['tvm_weight_gbs'] / r['read_gbs']:.0f}%", f"{r['greedy_tokens_identical']} of {r['new_tokens']}"]
+            for r in rows]
+    text = "\n".join([f"# {args.config} decoder (ORT GenAI builder, int4): tvm_lowprec.llm.Generator vs ORT GenAI's "
+                      "generator loop", "", f"Prompt {args.prompt} tokens, then {args.new_tokens} greedy tokens; "
+                      f"4-bit weights read per decode step: {weight_bytes / 1e6:.1f} MB", "",
+                      *markdown_table(head, body)])
     (args.out / "report.md").write_text(text + "\n")
     print(text)
 

@@ -85,6 +85,9 @@ def test_one_compile_pair_serves_every_length(generator):
         writes = [k for k in compiled.kernels() if k.name.startswith("kv_cache_write")]
         assert writes and all(k.name.endswith(f"_rows{rows}") for k in writes)
         assert all(k.schedule != "none" for k in compiled.kernels())
+    # a chunk's logits are its last row's: the output head runs on one row, not CHUNK
+    heads = [k for k in generator.prefill_model.kernels() if k.op == "nbits_gemm" and k.shape[1] == 512]
+    assert heads and all(k.shape[0] == 1 for k in heads), [k.shape for k in heads]
     # a decode step writes no whole cache besides its rows (no past concatenated with them, no transposed
     # copy of the keys for the scores); a prompt chunk's score matmul reads the keys transposed, once a chunk
     layout = generator.layout
@@ -126,7 +129,8 @@ def test_full_cache_is_an_error_not_a_crash(generator):
     mask = np.zeros((1, MAX_LENGTH), np.int64)
     mask[0, :2] = 1
     with pytest.raises(Exception, match="KV cache|outside"):
-        generator.prefill_model(dict(generator.cache, input_ids=np.zeros((1, CHUNK), np.int64), attention_mask=mask))
+        generator.prefill_model(dict(generator.cache, input_ids=np.zeros((1, CHUNK), np.int64), attention_mask=mask,
+                                     lowprec_last_row=np.zeros(1, np.int64)))
     generator.reset()
     assert generator.prefill([1, 2, 3]).shape == (512,)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from .cache_graph import CacheLayout, cache_in_place
+from .cache_graph import LAST_ROW, CacheLayout, cache_in_place, last_row_logits
 
 
 def _aligned_zeros(shape, dtype) -> np.ndarray:
@@ -99,12 +99,20 @@ class Generator:
         self.max_length, self.chunk = int(max_length), int(chunk)
         start = time.perf_counter()
 
-        def build(seq: int):
-            mod = tvm_lowprec.from_onnx(rewritten, shape_dict=self.layout.shapes(1, seq, self.max_length))
+        def build(graph, seq: int):
+            shapes = self.layout.shapes(1, seq, self.max_length)
+            if any(vi.name == LAST_ROW for vi in graph.graph.input):
+                shapes[LAST_ROW] = (1,)
+            mod = tvm_lowprec.from_onnx(graph, shape_dict=shapes)
             return tvm_lowprec.compile(mod, target=target, num_threads=num_threads, **compile_options)
 
-        self.decode_model = build(1)
-        self.prefill_model = build(self.chunk) if self.chunk > 1 else self.decode_model
+        self.decode_model = build(rewritten, 1)
+        if self.chunk > 1:  # a chunk's logits: its last row's only
+            chunked = last_row_logits(onnx.ModelProto.FromString(rewritten.SerializeToString()), self.layout.logits)
+            self.prefill_model = build(chunked, self.chunk)
+        else:
+            self.prefill_model = self.decode_model
+        self._last_row = self.chunk > 1 and any(spec.name == LAST_ROW for spec in self.prefill_model.inputs)
         self.compile_s = time.perf_counter() - start
         shape = (1, self.layout.kv_heads, self.max_length, self.layout.head_size)
         self.cache = {name: _aligned_zeros(shape, self.layout.dtype) for pair in self.layout.caches for name in pair}
@@ -122,10 +130,13 @@ class Generator:
         self.tokens = []
         self._mask[:] = 0
 
-    def _run(self, compiled, ids: list[int], start: int) -> np.ndarray:
-        """Tokens ``ids`` at positions ``start ..``: the logits ``[len(ids), vocab]``."""
+    def _run(self, compiled, ids: list[int], start: int, last: int | None = None) -> np.ndarray:
+        """Tokens ``ids`` at positions ``start ..``: the logits ``[len(ids), vocab]``, or of row ``last``
+        alone ``[1, vocab]`` where the compile takes :data:`~.cache_graph.LAST_ROW`."""
         seq = len(ids)
         feed = dict(self.cache)
+        if last is not None:
+            feed[LAST_ROW] = np.asarray([last], np.int64)
         feed[self.layout.tokens] = np.asarray(ids, np.int64).reshape(1, seq)
         self._mask[0, :start + seq] = 1
         self._mask[0, start + seq:] = 0
@@ -133,7 +144,8 @@ class Generator:
         if self.layout.positions is not None:
             feed[self.layout.positions] = np.arange(start, start + seq, dtype=np.int64).reshape(1, seq)
         logits = compiled(feed)[0]
-        return np.asarray(logits).reshape(seq, -1)
+        logits = np.asarray(logits)
+        return logits.reshape(-1, logits.shape[-1])
 
     # -- decoding ----------------------------------------------------------------------------------
     def prefill(self, tokens) -> np.ndarray:
@@ -159,9 +171,12 @@ class Generator:
             else:
                 first = 0  # the whole prompt is shorter than a chunk: from the start, padded
             ids = history[first:first + self.chunk]
-            rows = self._run(self.prefill_model, ids + [0] * (self.chunk - len(ids)), first)
             last = min(first + self.chunk, end) - 1
-            logits = rows[last - first]
+            padded = ids + [0] * (self.chunk - len(ids))
+            if self._last_row:
+                logits = self._run(self.prefill_model, padded, first, last - first)[0]
+            else:
+                logits = self._run(self.prefill_model, padded, first)[last - first]
             pos = first + self.chunk
         self.tokens = history
         self._mask[0, end:] = 0  # padded positions hold garbage: hidden until a step overwrites them
