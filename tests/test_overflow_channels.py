@@ -87,6 +87,8 @@ def test_ptq_widens_the_dead_channels_and_matches_ort(rng, caplog, monkeypatch):
     # conv0 keeps its integer GEMM, the bias added in float after the scale; the depthwise conv1 stays float
     assert sum(k.startswith("qconv2d") and k.endswith("_float") for k in kernels) == 1, "\n".join(kernels)
     assert caplog.text.count("stays in float QDQ arithmetic") == 1
+    # ... on the float32 depthwise kernel (its weights the dequantized constants), not TVM's scalar loops
+    assert sum(k.startswith("fp32_depthwise") for k in kernels) == 1, "\n".join(kernels)
     float_bias = _sqnr(refs, np.stack([floaty(x)[0] for x in held]))
     print(f"SQNR vs FP32: widened scales {ours:.2f} dB, float-bias layers {float_bias:.2f} dB, ORT {theirs:.2f} dB")
     assert float_bias > 24.0
