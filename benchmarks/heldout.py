@@ -114,6 +114,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/tvm-lowprec-heldout"))
     args = parser.parse_args(argv)
     names = args.models.split(",") if args.models else list(HELDOUT)
+    args.out = args.out.resolve()  # the children run in benchmarks/
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -211,8 +211,28 @@ def _group_norm_one_group(n=8192):
     return [x, y], lambda xv: xv.astype(np.float64) - xv.astype(np.float64).mean(), "close"
 
 
+def _instance_norm_ragged(channels=64, frames=1599):
+    """wav2vec2's first GroupNorm (a group per channel) over 1599 frames, a length no vector divides:
+    its mean and variance are still rfactored into vectors of partial sums (13 of them)."""
+    x = te.placeholder((1, channels, frames), "float32", name="x")
+    k = te.reduce_axis((0, frames), "k")
+    total = te.compute((1, channels, 1), lambda a, c, _: te.sum(x[a, c, k], axis=k), name="total")
+    j = te.reduce_axis((0, frames), "j")
+    squares = te.compute((1, channels, 1), lambda a, c, _: te.sum(
+        (x[a, c, j] - total[a, c, 0] / float(frames)) * (x[a, c, j] - total[a, c, 0] / float(frames)), axis=j), name="sq")
+    y = te.compute((1, channels, frames), lambda a, c, t: (x[a, c, t] - total[a, c, 0] / float(frames))
+                   / te.sqrt(squares[a, c, 0] / float(frames) + 1e-5), name="y")
+
+    def ref(xv):
+        xv = xv.astype(np.float64)
+        return (xv - xv.mean(axis=2, keepdims=True)) / np.sqrt(xv.var(axis=2, keepdims=True) + 1e-5)
+
+    return [x, y], ref, "close"
+
+
 FUNCS = {"injective": _injective, "reduction-non-last-axis": _reduction_non_last_axis,
-         "reduction-last-axis": _reduction_last_axis, "group-norm-mean": _group_norm_one_group}
+         "reduction-last-axis": _reduction_last_axis, "group-norm-mean": _group_norm_one_group,
+         "instance-norm-ragged": _instance_norm_ragged}
 
 
 @pytest.mark.parametrize("name", list(FUNCS))
@@ -224,6 +244,8 @@ def test_the_rule_alone_matches_numpy(name, rng):
     kinds = {inst.kind.name for inst in sch.trace.insts}
     assert "Parallel" in kinds or name == "group-norm-mean" or name == "reduction-non-last-axis", kinds
     assert "Vectorize" in kinds, kinds
+    if name == "instance-norm-ragged":
+        assert [inst.kind.name for inst in sch.trace.insts].count("RFactor") == 2
     args = _random_args(func, rng)
     lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=SPEC.tvm_target(2))
     tensors_in = [tvm.runtime.tensor(a) for a in args]

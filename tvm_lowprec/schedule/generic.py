@@ -49,6 +49,7 @@ _LOG = logging.getLogger(__name__)
 ATTR = "lowprec.generic"  # "full" (this module's nest) or "outer" (the fallback: outer loops parallel only)
 MIN_PARALLEL = 1 << 14  # iterations of a nest (its blocks' domains summed) below which it runs serially
 _LANES = (16, 8)  # partial results of a reduction along the contiguous axis (rfactor): one zmm of float32
+_RAGGED_MIN = 256  # a reduction this long that no full vector divides takes the widest divisor in 9..15
 _STEP = 64  # elements per vectorized step: 4 zmm of float32 (16-lane steps made a strided softmax 1.5x slower)
 _STEPS = (64, 32, 16)
 _ODD_STEPS = range(_STEP, 7, -1)  # otherwise the widest divisor in 8..64 (multiples of 4 first)
@@ -221,6 +222,11 @@ def _rfactor(sch, anchor):
     loop = next((l for l, b in zip(loops, binds) if b == reduce), None)
     extent = _int(sch.get(loop).extent) if loop is not None else None
     lanes = next((v for v in _LANES if extent is not None and extent > v and extent % v == 0), None)
+    if lanes is None and extent is not None and extent >= _RAGGED_MIN:
+        # a long axis no vector divides (wav2vec2's 1599 frames: 13 partial sums). Not a split with a
+        # predicated last step: compute_at rebuilt its loops from the block's domain without the
+        # predicate (TVM 0.27), reading past the row and summing a wrong result
+        lanes = next((v for v in range(_LANES[0] - 1, _LANES[-1], -1) if extent % v == 0), None)
     if lanes is None:
         return sch, None
     spatial = sum(1 for iv in stmt.iter_vars if iv.iter_type == 0)
