@@ -134,12 +134,13 @@ def legalize_resize2d(bb, call):
 
 def legalize_cumsum(bb, call):
     """``relax.cumsum`` of a static shape: :mod:`~tvm_lowprec.kernels.scan` over ``[outer, length, inner]``
-    (TVM 0.27 legalizes it for no device the VM runs); a symbolic shape is left as it is (and named at
-    build)."""
+    (TVM 0.27 legalizes it for no device the VM runs); a symbolic shape, or a GPU row, is left as it is
+    (and named at build)."""
     from ..kernels.scan import OP, cumsum_kernel
 
     shape, a = static_shape(call.args[0]), call.attrs
-    if shape is None:
+    target = tvm.target.Target.current(allow_none=True)
+    if shape is None or target is None or target.kind.name != "llvm":  # the kernel's loop is CPU host code
         return call
     axis = int(a.axis) % len(shape) if a.axis is not None else 0
     if a.axis is None:  # over the flattened data
