@@ -521,6 +521,16 @@ def _from_carrier(out: np.ndarray, narrow: str | None) -> np.ndarray:
     return out.astype(getattr(ml_dtypes, narrow))
 
 
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data is 64-byte aligned (what :func:`_host_tensor` passes
+    to the kernels without a copy)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buffer = np.empty(nbytes + 63, np.uint8)
+    offset = -buffer.ctypes.data & 63
+    return np.ndarray(tuple(shape), dtype, buffer, offset)
+
+
 def _host_tensor(value: np.ndarray, any_alignment: bool = False):
     """``value`` as a CPU tensor: its own memory through DLPack where TVM's kernels can take it (C-
     contiguous, data 64-byte aligned, writeable: numpy refuses to export a read-only array by the
@@ -538,8 +548,7 @@ def _host_tensor(value: np.ndarray, any_alignment: bool = False):
             tensor = tvm_ffi.from_dlpack(value)
             if not tensor.data_ptr() & 63 or any_alignment and not tensor.data_ptr() % max(value.itemsize, 1):
                 return tensor
-        buffer = np.empty(value.nbytes + 63, np.uint8)
-        copy = np.ndarray(value.shape, value.dtype, buffer, -tvm_ffi.from_dlpack(buffer).data_ptr() & 63)
+        copy = aligned_empty(value.shape, value.dtype)
         np.copyto(copy, value)
         return tvm_ffi.from_dlpack(copy)
     except (BufferError, TypeError):  # a dtype numpy's DLPack export lacks

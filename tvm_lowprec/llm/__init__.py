@@ -19,18 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compiled import aligned_empty
 from ..errors import InputError
 from .cache_graph import LAST_ROW, CacheLayout, cache_in_place, last_row_logits
-
-
-def _aligned_zeros(shape, dtype) -> np.ndarray:
-    """Zeros whose data is 64-byte aligned: the compiled model takes them without a copy, so its cache
-    writes land in this array (a copy would take them away)."""
-    dtype = np.dtype(dtype)
-    count = int(np.prod(shape))
-    raw = np.zeros(count * dtype.itemsize + 64, np.uint8)
-    offset = -raw.ctypes.data % 64
-    return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def _model_file(model) -> Path | None:
@@ -107,15 +98,17 @@ class Generator:
             return tvm_lowprec.compile(mod, target=target, num_threads=num_threads, **compile_options)
 
         self.decode_model = build(rewritten, 1)
-        if self.chunk > 1:  # a chunk's logits: its last row's only
-            chunked = last_row_logits(onnx.ModelProto.FromString(rewritten.SerializeToString()), self.layout.logits)
-            self.prefill_model = build(chunked, self.chunk)
+        if self.chunk > 1:  # a chunk's logits: its last row's only (the decode compile is done with the graph)
+            self.prefill_model = build(last_row_logits(rewritten, self.layout.logits), self.chunk)
         else:
             self.prefill_model = self.decode_model
         self._last_row = self.chunk > 1 and any(spec.name == LAST_ROW for spec in self.prefill_model.inputs)
         self.compile_s = time.perf_counter() - start
         shape = (1, self.layout.kv_heads, self.max_length, self.layout.head_size)
-        self.cache = {name: _aligned_zeros(shape, self.layout.dtype) for pair in self.layout.caches for name in pair}
+        # 64-byte aligned: the compiled model takes them without a copy, so its cache writes land in them
+        self.cache = {name: aligned_empty(shape, self.layout.dtype) for pair in self.layout.caches for name in pair}
+        for cache in self.cache.values():
+            cache[:] = 0
         self._mask = np.zeros((1, self.max_length), np.int64)
         self.tokens: list[int] = []
 
