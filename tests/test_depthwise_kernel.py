@@ -71,6 +71,10 @@ GEOMETRIES = {
     "8ch-dilated": dict(c=8, hw=(12, 12), k=3, dil=2, pads=(2, 2, 2, 2)),
     "5ch-odd": dict(c=5, hw=(7, 7), k=3),
     "24ch-5x5-batch2": dict(c=24, hw=(11, 9), k=5, s=2, pads=(2, 1, 1, 2), batch=2),
+    # channel counts no vector width divides (MixNet's 90 and 300): whole vectors and a partitioned tail
+    "90ch-9x9-ragged": dict(c=90, hw=(8, 8), k=9, pads=(4, 4, 4, 4)),
+    "300ch-5x5-s2-ragged": dict(c=300, hw=(7, 6), k=5, s=2, pads=(2, 2, 2, 2)),
+    "20ch-ragged": dict(c=20, hw=(9, 9), k=3),
 }
 
 
@@ -177,6 +181,20 @@ def test_schedule_partitions_the_borders_and_vectorizes():
              and "pragma_loop_partition_hint" in str(inst.attrs)]
     assert len(hints) == 2
     assert DepthwiseRule().apply(func.with_attr("lowprec.op", "qgemm"), spec) is None  # not ours: declined
+
+
+def test_ragged_channels_get_whole_vectors_and_a_partitioned_tail():
+    """90 channels: no vector width divides them; the channel loops are split by the row's lanes with
+    a partitioned tail, so the interior is vector code (zmm on AVX-512) instead of scalar loops."""
+    spec = resolve_target("native")
+    g = _geometry(90, (8, 8), 9, pads=(4, 4, 4, 4))
+    sch = DepthwiseRule().apply(build_depthwise(DepthwiseProblem(g, "uint8", Epilogue("requant", "uint8")), "dw"), spec)
+    splits = [inst for inst in sch.trace.insts if inst.kind.name == "Split"]
+    assert any(spec.gemm.lanes in [int(getattr(f, "value", -1)) for f in inst.inputs[1:]] for inst in splits)
+    hints = [inst for inst in sch.trace.insts if inst.kind.name == "Annotate"
+             and "pragma_loop_partition_hint" in str(inst.attrs)]
+    assert len(hints) == 4  # rows, column steps, and the channel vectors of the sum and of the epilogue
+    assert [inst.kind.name for inst in sch.trace.insts].count("Vectorize") >= 3
 
 
 # The four-taps-a-lane kernel (kernels/depthwise_dot.py): every CPU row whose GEMM instruction has a

@@ -2,7 +2,8 @@
 
 1. weight-only layers (int4, float8 weights kept narrow: :mod:`~tvm_lowprec.quant.weight_only`);
    quantize-to-integer: :func:`~tvm_lowprec.quant.qdq_to_integer.qdq_to_integer` (target-aware);
-   then data movement kept in the integer domain (:mod:`~tvm_lowprec.quant.fold_qdq`), the
+   then data movement kept in the integer domain (:mod:`~tvm_lowprec.quant.fold_qdq`), inference batch
+   norms as ``x * a + b`` (:mod:`~tvm_lowprec.quant.batch_norm`), the
    convolutions' NHWC layout carried through the layers between them
    (:mod:`~tvm_lowprec.quant.propagate_layout`), softmax and layer norm of 8-bit tensors as 8-bit
    kernels (:mod:`~tvm_lowprec.quant.row_ops`), element-wise chains after a concatenation moved onto
@@ -25,6 +26,7 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 from tvm.relax.backend.cuda import pipeline as cuda
 
+from .quant.batch_norm import batch_norm_module
 from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.finite_quantize import finite_quantize_module
 from .quant.fold_constants import fold_constants_module
@@ -107,7 +109,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     """Phases 1-2: the module whose PrimFuncs are the kernels to schedule (or to tune).
     ``weight_only``: a :class:`~tvm_lowprec.quant.weight_only.WeightOnlyConfig` (default: float activations)."""
     mod = weight_only_module(mod, spec, weight_only)
-    mod = propagate_layout_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode)))
+    mod = propagate_layout_module(batch_norm_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode))))
     mod = integer_binary_module(lookup_tables_module(through_concat_module(row_ops_module(mod)), spec))
     mod = lookup_epilogue_module(mod, spec)
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float

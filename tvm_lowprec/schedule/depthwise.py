@@ -48,8 +48,13 @@ class DepthwiseRule:
         b, oh, ow, c, kh, kw = sch.get_loops(acc)
         channels = int(sch.get(c).extent)
         lanes = _vector_lanes(channels, spec.gemm.lanes)
+        ragged = lanes is None and channels > spec.gemm.lanes
+        if ragged:
+            lanes = spec.gemm.lanes
         owo, owi = sch.split(ow, [None, pixels_per_step(int(sch.get(ow).extent))])
         co, ci = sch.split(c, [None, lanes]) if lanes else (c, None)
+        if ragged:
+            sch.annotate(co, "pragma_loop_partition_hint", 1)
         sch.reorder(owo, co, kh, kw, owi, *([ci] if lanes else []))
         sch.parallel(oh)
         for loop in (oh, owo):  # border steps keep the selects, the interior loses them
@@ -65,7 +70,9 @@ class DepthwiseRule:
             sch.unroll(io)
             sch.vectorize(ii)
             eo, ec = sch.get_loops(epilogue)[-2:]
-            _, ei = sch.split(ec, [None, 2 * lanes if channels % (2 * lanes) == 0 else lanes])
+            eo2, ei = sch.split(ec, [None, 2 * lanes if channels % (2 * lanes) == 0 else lanes])
+            if ragged:
+                sch.annotate(eo2, "pragma_loop_partition_hint", 1)
             sch.unroll(eo)
             sch.vectorize(ei)
         return sch
