@@ -80,3 +80,39 @@ def test_block_net_changes_layout_only_at_the_boundary(rng):
         got = compiled(x)[0]
         np.testing.assert_array_equal(got, reference.run(None, {"x": x})[0])
         assert_within_one_step(got, session.run(None, {"x": x})[0], output_scale(qdq), exact_fraction=0.0)
+
+
+def _conv1d_chain():
+    """A Conv1d lifted to 2-D as importers write it, in NHWC: the output transposed back to NCHW, its unit
+    height squeezed, reshaped to its own shape, normalized over time (mean, variance) with per-channel
+    [C, 1] weights, the unit height expanded again and transposed into NHWC for the next convolution."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 1, 40, 8), "float32"))  # NHWC
+    w = relax.Var("w", relax.TensorType((8, 1), "float32"))  # not a constant: moved by a small transpose
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.permute_dims(x, (0, 3, 1, 2)))  # [1, 8, 1, 40]
+            s = bb.emit(relax.op.reshape(relax.op.squeeze(t, [2]), (1, 8, 40)))
+            mean = bb.emit(relax.op.mean(s, [2], keepdims=True))
+            var = bb.emit(relax.op.variance(s, [2], keepdims=True))
+            n = bb.emit(relax.op.divide(relax.op.subtract(s, mean), relax.op.sqrt(relax.op.add(var, relax.const(np.float32(1e-5))))))
+            n = bb.emit(relax.op.multiply(n, w))
+            e = bb.emit(relax.op.expand_dims(n, [2]))  # [1, 8, 1, 40]
+            out = bb.emit_output(relax.op.permute_dims(e, (0, 2, 3, 1)))  # back to NHWC
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_lifted_conv1d_and_its_norm_stay_in_nhwc(rng):
+    mod = _conv1d_chain()
+    moved = relax.transform.DeadCodeElimination()(propagate_layout_module(mod))
+    transposes = [c for c in _calls(moved) if c.op.name == "relax.permute_dims"]
+    # only the [8, 1] weight is transposed (to [1, 1, 8]); the [1, 40, 8] activations never are
+    assert [tuple(int(d) for d in c.ty.shape) for c in transposes] == [(1, 1, 8)], moved.script()
+    x = rng.standard_normal((1, 1, 40, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 1)).astype(np.float32)
+    exe = tvm.compile(moved, target=tvm.target.Target({"kind": "llvm"}))
+    got = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    exe = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+    want = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

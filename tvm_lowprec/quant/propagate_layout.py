@@ -3,9 +3,12 @@
 The integer convolutions run on NHWC (:mod:`~tvm_lowprec.quant.qdq_to_integer` emits
 ``NCHW -> NHWC`` before each one and ``NHWC -> NCHW`` after it). Between two convolutions sit
 operators that do not care about the layout: quantize and dequantize, the activations, the
-residual add, pooling, concatenation, split, resize. This pass rewrites ``op(permute_dims(x, p))`` into
-``permute_dims(op'(x), p)`` (``op'`` with its axes or layout attributes moved accordingly) and
-``permute_dims(permute_dims(x, q), p)`` into one transpose or none. The transposes that survive are
+residual add, pooling, concatenation, split, resize, reductions with kept axes (a group norm's mean
+and variance), and the squeeze/unsqueeze of a Conv1d lifted to two dimensions. This pass rewrites
+``op(permute_dims(x, p))`` into ``permute_dims(op'(x), p)`` (``op'`` with its axes or layout attributes moved accordingly) and
+``permute_dims(permute_dims(x, q), p)`` into one transpose, a reshape (only unit axes move) or none;
+a reshape to the tensor's own shape is dropped, and a small broadcast operand of a binary operator (a
+``[C, 1]`` weight) is transposed instead of the activations. The transposes that survive are
 the ones before an operator that needs the original layout (a reshape, say) or at an output: the
 layout changes happen once, at the graph's boundary, instead of around every layer.
 
@@ -32,7 +35,11 @@ BINARY = frozenset(
     f"relax.{name}" for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
 )
 POOLS = {"relax.nn.max_pool2d": relax.op.nn.max_pool2d, "relax.nn.avg_pool2d": relax.op.nn.avg_pool2d}
-REDUCTIONS = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max}
+REDUCTIONS = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max,
+              "relax.variance": relax.op.variance}
+# a broadcast operand of a binary operator that is not transposed moves (expanded to full rank, then
+# transposed) when it has at most this fraction of the output's elements: a per-channel [C, 1] weight
+SMALL_OPERAND = 1 / 16
 NHWC_TO_NCHW = (0, 3, 1, 2)
 
 
@@ -81,11 +88,16 @@ class _Propagator(relax.PyExprMutator):
         name = call.op.name
         if name == "relax.permute_dims":
             return self._compose(call)
+        if name == "relax.reshape" and self._transposed(call.args[0]) is not None:
+            before, after = static_shape(call.args[0]), static_shape(call)
+            if before is not None and before == after:  # a reshape to the same shape (an exporter's no-op)
+                return call.args[0]
         handler = (
             self._unary if name in UNARY else self._binary if name in BINARY else
             self._pool if name in POOLS else self._reduce if name in REDUCTIONS else
             self._concat if name == "relax.concat" else self._split if name == "relax.split" else
-            self._resize if name == "relax.image.resize2d" else None
+            self._resize if name == "relax.image.resize2d" else
+            self._squeeze if name == "relax.squeeze" else self._expand_dims if name == "relax.expand_dims" else None
         )
         if handler is None:
             return call
@@ -106,6 +118,9 @@ class _Propagator(relax.PyExprMutator):
         composed = tuple(q[a] for a in _perm(call))
         if composed == tuple(range(len(composed))):
             return x
+        shape = static_shape(x)
+        if shape is not None and [a for a in composed if shape[a] != 1] == sorted(a for a in composed if shape[a] != 1):
+            return relax.op.reshape(x, [shape[a] for a in composed])  # only unit axes move: a view
         return relax.op.permute_dims(x, composed)
 
     def _unary(self, call, name):
@@ -139,9 +154,39 @@ class _Propagator(relax.PyExprMutator):
                 args.append(arg)  # a scalar broadcasts the same in any layout
             elif isinstance(arg, tvm.ir.expr.Constant) and len(shape) == len(perm):
                 args.append(relax.const(np.transpose(arg.value.numpy(), np.argsort(perm))))
+            elif len(shape) <= len(perm) and self._small(shape, call):
+                full = [1] * (len(perm) - len(shape)) + list(shape)  # numpy broadcasting: aligned right
+                args.append(relax.op.permute_dims(relax.op.reshape(arg, full), [int(a) for a in np.argsort(perm)]))
             else:
                 return None
         return self._emit_transposed(relax.Call(call.op, args, call.attrs, call.ty_args), perm)
+
+    @staticmethod
+    def _small(shape, call) -> bool:
+        out = static_shape(call)
+        return out is not None and int(np.prod(shape)) <= SMALL_OPERAND * int(np.prod(out))
+
+    def _squeeze(self, call, name):
+        """``squeeze(permute_dims(x, p), axes)``: the same unit axes squeezed from ``x`` (a Conv1d lifted
+        to a 2-D convolution drops its unit height)."""
+        inner = self._transposed(call.args[0])
+        if inner is None or call.attrs.axis is None:
+            return None
+        x, perm = inner
+        axes = {int(a) % len(perm) for a in call.attrs.axis}
+        gone = sorted(perm[a] for a in axes)
+        kept = [perm[j] for j in range(len(perm)) if j not in axes]
+        return self._emit_transposed(relax.op.squeeze(x, gone), [s - sum(t < s for t in gone) for s in kept])
+
+    def _expand_dims(self, call, name):
+        """``expand_dims(permute_dims(x, p), a)``: ``x`` gets the unit axis last, the transpose puts it at ``a``."""
+        inner = self._transposed(call.args[0])
+        if inner is None or len(call.attrs.axis) != 1:
+            return None
+        x, perm = inner
+        rank = len(perm)
+        a = int(call.attrs.axis[0]) % (rank + 1)
+        return self._emit_transposed(relax.op.expand_dims(x, [rank]), [*perm[:a], rank, *perm[a:]])
 
     def _pool(self, call, name):
         inner = self._transposed(call.args[0])
