@@ -95,7 +95,8 @@ def _row(r: dict) -> list:
     ours, ort = (t.get(k, {}).get("ms") for k in ("tvm-lowprec", "ort-int8"))
     top = (r.get("profile_top") or [{}])[0] if isinstance(r.get("profile_top"), list) else {}
     return [r["model"], r.get("status"), r.get("compile_s", ""), f"{ort / ours:.2f}" if ours and ort else "",
-            f"{r['cosine']:.5f}" if r.get("cosine") is not None else "", top.get("name", "")[:48],
+            f"{r['cosine']:.5f}" if r.get("cosine") is not None else "",
+            f"{r['ort_spread']:.5f}" if r.get("ort_spread") is not None else "", r.get("ok_by") or "", top.get("name", "")[:48],
             (r.get("error") or "")[:100]]
 
 
@@ -121,7 +122,8 @@ def main(argv=None) -> None:
         results = list(pool.map(lambda n: _run(n, args.out, args.timeout), names))
     from tvm_lowprec.bench.report import markdown_table
 
-    head = ["model", "status", "compile s", "ORT INT8 / tvm-lowprec (1 thread)", "cosine vs ORT QDQ", "slowest kernel", "error"]
+    head = ["model", "status", "compile s", "ORT INT8 / tvm-lowprec (1 thread)", "cosine vs ORT QDQ",
+            "ORT INT8's own cosine", "ok by", "slowest kernel", "error"]
     text = "\n".join([f"# Held-out models ({len(names)}, {time.time() - start:.0f} s, --jobs {args.jobs})", "",
                       *markdown_table(head, [_row(r) for r in results], text_columns=2)])
     (args.out / "summary.md").write_text(text + "\n")

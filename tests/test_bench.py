@@ -52,3 +52,21 @@ def test_denormals_are_zero_flushes_in_the_block_and_restores_the_mode():
         assert mxcsr() & (DAZ | FTZ) == DAZ | FTZ
         assert (tiny * np.float32(1.0))[0] == 0 and (tiny + np.float32(0.0))[0] == 0
     assert mxcsr() & (DAZ | FTZ) == 0 and (tiny * np.float32(1.0))[0] > 0
+
+
+def test_zoo_acceptance_names_its_reason():
+    """benchmarks/zoo/runner.zoo_status: a cosine below 0.999 and past the graph's sensitivity is a
+    mismatch, unless ONNX Runtime's own optimized run of the same file is at least as far off."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from zoo.runner import zoo_status
+
+    far = dict(cosine=0.9963, steps=8.0, sensitivity_steps=1.0)
+    assert zoo_status("mismatch", dict(far)) == "mismatch"
+    assert zoo_status("mismatch", dict(far, ort_spread=0.9970)) == "mismatch"
+    res = dict(far, ort_spread=0.9886)
+    assert zoo_status("mismatch", res) == "ok" and res["ok_by"] == "ort_spread"
+    res = dict(cosine=0.9995, steps=3.0, sensitivity_steps=1.0, ort_spread=0.9)
+    assert zoo_status("mismatch", res) == "ok" and res["ok_by"] == "cosine"
