@@ -61,6 +61,38 @@ def _scalar_bound(expr):
     return float(value.reshape(()))
 
 
+class Pad(_tvm_onnx.Pad):
+    """A constant-mode Pad with constant pads and value as ``relax.op.nn.pad`` (TVM's importer emits a
+    ``call_tir`` of TE's pad, which no pass can read): the layout pass then carries NHWC through it and
+    the Q/DQ fold pads the codes (HGNetV2's stem pads before a max pool). Other modes: TVM's form."""
+
+    @classmethod
+    def _relax_pad(cls, bb, inputs, attr, params, parse):
+        if attr.get("mode", b"constant").decode("utf-8") != "constant":
+            return None
+        try:
+            before, after, value = parse()
+        except ValueError:  # run-time pads or axes: TVM's converter says so
+            return None
+        width = [int(v) for pair in zip(before, after) for v in pair]
+        return relax.op.nn.pad(inputs[0], width, "constant", float(value))
+
+    @classmethod
+    def _impl_v11(cls, bb, inputs, attr, params):
+        pad = cls._relax_pad(bb, inputs, attr, params, lambda: cls._parse_pads_and_axes(inputs, params))
+        return pad if pad is not None else super()._impl_v11(bb, inputs, attr, params)
+
+    @classmethod
+    def _impl_v18(cls, bb, inputs, attr, params):
+        pad = cls._relax_pad(bb, inputs, attr, params, lambda: cls._parse_pads_and_axes(inputs, params))
+        return pad if pad is not None else super()._impl_v18(bb, inputs, attr, params)
+
+    @classmethod
+    def _impl_v19(cls, bb, inputs, attr, params):
+        pad = cls._relax_pad(bb, inputs, attr, params, lambda: cls._parse_pads_and_axes(inputs, params))
+        return pad if pad is not None else super()._impl_v19(bb, inputs, attr, params)
+
+
 class Clip(_tvm_onnx.Clip):
     """Clip with constant bounds as ``relax.op.clip`` (TVM's importer emits two ``call_tir`` of TE
     maximum/minimum, which no pass can read): the integer rewrite then folds it into the kernel's
@@ -548,7 +580,7 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
         return relax.Tuple([out, present_k, present_v])
 
 
-EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "QuantizeLinear": QuantizeLinear,
+EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "Pad": Pad, "QuantizeLinear": QuantizeLinear,
                     "DequantizeLinear": DequantizeLinear, "Celu": Celu, "Swish": Swish,
                     "SimplifiedLayerNormalization": SimplifiedLayerNormalization,
                     "SkipSimplifiedLayerNormalization": SkipSimplifiedLayerNormalization,

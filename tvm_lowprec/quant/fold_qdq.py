@@ -11,7 +11,9 @@ A quantized concatenation (of data, not of constants) is a concatenation of quan
 ``concat([quantize(p) for p in pieces])`` (per-tensor parameters: the same values), so that each piece
 folds on its own: a piece dequantized with the output's parameters is copied as codes, another is a
 requantization of one tensor (a table lookup, :mod:`~tvm_lowprec.quant.lookup_tables`). A resize with
-nearest-neighbour sampling only moves values and folds like the movement operators. A requantization
+nearest-neighbour sampling only moves values and folds like the movement operators; so does a constant
+pad whose value is a code of the parameters (``0.0`` is the zero point), which pads the codes with that
+code. A requantization
 of codes that movement operators made from fewer (an upsampling resize on codes) is done before them,
 on the smaller tensor: the same values, since a requantization is elementwise on the codes (it then
 becomes a table lookup of its own, :mod:`~tvm_lowprec.quant.lookup_tables`, which keeps fusion from
@@ -133,6 +135,22 @@ class _Folder(relax.PyExprMutator):
             x = self.builder_.emit(relax.Call(move.op, [x, *move.args[1:]], move.attrs))
         return x
 
+    def _padded_codes(self, call, lookup):
+        """``pad(x, code)`` for ``quantize(pad(dequantize(x), v))`` with matching parameters, where ``v``
+        is exactly the value of the integer code ``code``; else None."""
+        pad = call_of(call.args[0], "nn.pad", lookup)
+        dq = call_of(pad.args[0], "dequantize", lookup) if pad is not None else None
+        if dq is None or str(pad.attrs.pad_mode) != "constant" or not _same_params(call, dq, lookup):
+            return None
+        scale, zero = _scalar_params(call, dq, lookup)[:2]
+        value = np.float32(float(pad.attrs.pad_value))
+        code = int(zero) + int(np.rint(value / np.float32(scale)))
+        info = np.iinfo(dtype_of(dq.args[0]))
+        if not info.min <= code <= info.max or np.float32((code - int(zero)) * np.float32(scale)) != value:
+            return None
+        self.folded += 1
+        return self.builder_.emit(relax.op.nn.pad(dq.args[0], [int(w) for w in pad.attrs.pad_width], "constant", float(code)))
+
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if not call.op.same_as(tvm.ir.Op.get("relax.quantize")):
@@ -155,6 +173,9 @@ class _Folder(relax.PyExprMutator):
         pieces = self._concat_pieces(call, lookup)
         if pieces is not None:
             return pieces
+        padded = self._padded_codes(call, lookup)
+        if padded is not None:
+            return padded
         move = first_call(call.args[0], MOVEMENT_OPS, lookup)
         dq = call_of(move.args[0], "dequantize", lookup) if move is not None and _moves_only(move) else None
         if dq is None or not _same_params(call, dq, lookup):

@@ -3,7 +3,7 @@
 The integer convolutions run on NHWC (:mod:`~tvm_lowprec.quant.qdq_to_integer` emits
 ``NCHW -> NHWC`` before each one and ``NHWC -> NCHW`` after it). Between two convolutions sit
 operators that do not care about the layout: quantize and dequantize, the activations, the
-residual add, pooling, concatenation, split, resize, reductions with kept axes (a group norm's mean
+residual add, pooling, padding, concatenation, split, resize, reductions with kept axes (a group norm's mean
 and variance), and the squeeze/unsqueeze of a Conv1d lifted to two dimensions. This pass rewrites
 ``op(permute_dims(x, p))`` into ``permute_dims(op'(x), p)`` (``op'`` with its axes or layout attributes moved accordingly) and
 ``permute_dims(permute_dims(x, q), p)`` into one transpose, a reshape (only unit axes move) or none;
@@ -97,7 +97,8 @@ class _Propagator(relax.PyExprMutator):
             self._pool if name in POOLS else self._reduce if name in REDUCTIONS else
             self._concat if name == "relax.concat" else self._split if name == "relax.split" else
             self._resize if name == "relax.image.resize2d" else
-            self._squeeze if name == "relax.squeeze" else self._expand_dims if name == "relax.expand_dims" else None
+            self._squeeze if name == "relax.squeeze" else self._expand_dims if name == "relax.expand_dims" else
+            self._pad if name == "relax.nn.pad" else None
         )
         if handler is None:
             return call
@@ -187,6 +188,18 @@ class _Propagator(relax.PyExprMutator):
         rank = len(perm)
         a = int(call.attrs.axis[0]) % (rank + 1)
         return self._emit_transposed(relax.op.expand_dims(x, [rank]), [*perm[:a], rank, *perm[a:]])
+
+    def _pad(self, call, name):
+        """``pad(permute_dims(x, p))``: ``x`` padded by the same widths, each moved to its axis of ``x``."""
+        inner = self._transposed(call.args[0])
+        if inner is None:
+            return None
+        x, perm = inner
+        width = [int(w) for w in call.attrs.pad_width]
+        moved = [0] * len(width)
+        for j, s in enumerate(perm):
+            moved[2 * s: 2 * s + 2] = width[2 * j: 2 * j + 2]
+        return self._emit_transposed(relax.op.nn.pad(x, moved, str(call.attrs.pad_mode), float(call.attrs.pad_value)), perm)
 
     def _pool(self, call, name):
         inner = self._transposed(call.args[0])
