@@ -13,6 +13,7 @@ from tvm import relax
 
 import tvm_lowprec
 from tvm_lowprec.kernels.qgemm import _column_groups
+from tvm_lowprec.schedule.blocks import root_children
 from tvm_lowprec.schedule import DEFAULT_RULES, ElementwiseRule, StridedReductionRule, WindowReductionRule
 from tvm_lowprec.targets import resolve_target
 from tvm_lowprec.targets.x86 import X86_TARGETS
@@ -67,6 +68,9 @@ STRIDED = {
     # squeeze-excite's global average pool of an NHWC tensor (more points than a pooling window)
     "mean-hw-nhwc": ((1, 40, 30, 16), lambda bb, x: relax.op.mean(x, axis=[1, 2], keepdims=True)),
     "sum-axis0": ((300, 40), lambda bb, x: relax.op.sum(x, axis=[0])),
+    # wav2vec2's group norm over frames of an NWC tensor: a long column walk, taken in strips of vectors
+    "norm-over-frames-nwc": ((1, 400, 256), lambda bb, x: relax.op.divide(
+        x, relax.op.sqrt(relax.op.add(relax.op.variance(x, axis=[1], keepdims=True), relax.const(np.float32(1e-5)))))),
 }
 
 
@@ -76,6 +80,14 @@ def test_a_reduction_along_an_outer_axis_is_vectorized_along_the_inner_one(name,
     (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, body))
     assert _first_rule(func) == "StridedReductionRule"
     _check_scheduled(func, StridedReductionRule(), [rng.standard_normal(shape).astype(np.float32)], exact=False)
+
+
+def test_a_long_column_walk_takes_strips_of_vectors():
+    shape, body = STRIDED["norm-over-frames-nwc"]
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, body))
+    sch = StridedReductionRule().apply(func, SPEC)
+    outer = sch.get(sch.get_loops(root_children(sch)[1][-1])[0])
+    assert outer.kind == tvm.tirx.ForKind.PARALLEL and int(outer.extent) == 256 // 64  # 4 vectors of 16 float32
 
 
 @pytest.mark.parametrize("axis", [-1])

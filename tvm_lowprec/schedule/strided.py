@@ -26,6 +26,11 @@ from .window import contiguous_in_last_spatial_axis, schedule_window
 
 _VECTORS = (16, 8)  # float32 lanes per iteration: two ymm registers, else one
 _MIN_PARALLEL = 1 << 12
+# A long column walk (a group norm over 1599 frames of an NWC tensor) reads one 64-byte line per row and
+# vector: the hardware prefetchers follow short strides poorly. From this many reduced elements per
+# output, each parallel iteration takes a strip of up to _STRIP vectors (contiguous bytes per row).
+_LONG_WALK = 256
+_STRIP = (4, 2)
 
 
 def _vars(expr) -> list:
@@ -93,7 +98,11 @@ def schedule_strided(func):
     # Step 1. the output: other axes, the vector axis's outer part (parallel), reduced axes, vector
     others = [l for i, l in enumerate(loops[:-1]) if i not in reduced]
     across = [l for i, l in enumerate(loops[:-1]) if i in reduced]
-    vec_outer, vec = sch.split(loops[-1], [None, lanes])
+    walk = 1
+    for l in across:
+        walk *= int(sch.get(l).extent.value)
+    strip = next((k for k in _STRIP if walk >= _LONG_WALK and inner % (k * lanes) == 0 and inner // (k * lanes) >= 2), 1)
+    vec_outer, vec = sch.split(loops[-1], [None, strip * lanes])
     sch.reorder(*others, vec_outer, *across, vec)
     outer = sch.fuse(*others, vec_outer) if others else vec_outer
     # Step 2. element-wise producers with one reader inlined (a softmax's subtraction and division);
@@ -107,10 +116,12 @@ def schedule_strided(func):
     for block in blocks[:-1]:
         if _gathers(sch.get(block)):  # a table lookup: LLVM's loop vectorizer emits vgatherdps, TVM's
             continue                  # scalarizes it (the DFL head's 8-bit softmax: 45 -> 39 us on Zen 5)
-        if not _vectorize_along_written_last_axis(sch, block, outer, lanes):
+        if not _vectorize_along_written_last_axis(sch, block, outer, lanes, strip):
             return None
+    if strip > 1:
+        _, vec = sch.split(vec, [strip, lanes])
     sch.vectorize(vec)
-    total = int(sch.get(outer).extent.value) * lanes
+    total = int(sch.get(outer).extent.value) * lanes * strip
     for l in across:
         total *= int(sch.get(l).extent.value)
     if total >= _MIN_PARALLEL and int(sch.get(outer).extent.value) > 1:
@@ -168,9 +179,9 @@ def _realize(node, block):
     return _realize(body, block) if body is not None else None
 
 
-def _vectorize_along_written_last_axis(sch, block, outer, lanes) -> bool:
+def _vectorize_along_written_last_axis(sch, block, outer, lanes, strip: int = 1) -> bool:
     """The producer's loop that the last axis of what it writes moves with, moved innermost and
-    vectorized."""
+    vectorized (a strip of several vectors: split, its vectors in turn)."""
     stmt = sch.get(block)
     realize = _realize(sch.get(outer), stmt)
     if realize is None or not stmt.writes or not stmt.writes[0].region:
@@ -186,9 +197,11 @@ def _vectorize_along_written_last_axis(sch, block, outer, lanes) -> bool:
     mine = loops[at.index(True) + 1:]
     bound = _vars(realize.iter_values[which[0]])
     moving = [l for l in mine if any(sch.get(l).loop_var.same_as(v) for v in bound)]
-    if len(moving) != 1 or int(sch.get(moving[0]).extent.value) != lanes:
+    if len(moving) != 1 or int(sch.get(moving[0]).extent.value) != lanes * strip:
         return False
     vec = moving[0]
     sch.reorder(*[l for l in mine if not l.same_as(vec)], vec)
+    if strip > 1:
+        _, vec = sch.split(vec, [strip, lanes])
     sch.vectorize(vec)
     return True
