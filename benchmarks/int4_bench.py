@@ -319,19 +319,16 @@ def compile_read_bw(folder: Path) -> Path:
 
 
 def read_bandwidth(exe: Path, nbytes: int, threads: int, reps: int) -> float:
-    """GB/s of ``threads`` concurrent read_bw processes, each over ``nbytes / threads`` bytes (read_bw.c
-    is single-threaded; together they stream as many bytes as a ``threads``-thread kernel's weights):
-    the best repetition of the per-process sums."""
-    mib = nbytes / threads / 2**20
-    procs = [subprocess.Popen([str(exe), f"{mib:.4f}", str(reps)], stdout=subprocess.PIPE, text=True)
-             for _ in range(threads)]
-    outputs = [p.communicate()[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise OSError(f"read_bw exited with {[p.returncode for p in procs]}")
-    per_proc = [[float(x) for x in re.findall(r"([\d.]+) GB/s", out)] for out in outputs]
-    if len({len(rates) for rates in per_proc}) != 1 or not per_proc[0]:
-        raise ValueError(f"unexpected read_bw output: {outputs!r}")
-    return max(sum(rep) for rep in zip(*per_proc, strict=True))
+    """GB/s of read_bw over ``nbytes`` read by ``threads`` threads of one process, each its contiguous
+    share (as a parallel kernel's threads read their parts of the weights), a pass timed across all of
+    them: the best repetition."""
+    out = subprocess.run([str(exe), f"{nbytes / 2**20:.4f}", str(reps), str(threads)], capture_output=True, text=True)
+    if out.returncode:
+        raise OSError(f"read_bw exited with {out.returncode}: {out.stderr.strip()[:200]}")
+    rates = [float(x) for x in re.findall(r"([\d.]+) GB/s", out.stdout)]
+    if not rates:
+        raise ValueError(f"unexpected read_bw output: {out.stdout!r}")
+    return max(rates)
 
 
 def measure_bandwidths(sizes: list[int], threads: list[int], reps: int, log) -> tuple[dict, str]:
@@ -397,8 +394,8 @@ def bandwidth_table(bandwidth: dict, threads: list[int], error: str) -> list[str
     lines = ["## Read bandwidth of this host (`peak/read_bw.c`)", "",
              "Measured in this run over as many bytes as each row's weights (a buffer that fits in the caches "
              "is read from them, as a kernel's weights are when it is called repeatedly; the L3 is listed by "
-             "`lscpu`). More than one thread: that many read_bw processes at once, each over its share of the "
-             "bytes, their GB/s summed (best of the repetitions).", ""]
+             "`lscpu`). More than one thread: that many threads of one read_bw process, each over its share of "
+             "the bytes, a pass timed across all of them (best of the repetitions).", ""]
     if error:
         lines += [f"Not measured: {error}", ""]
     sizes = sorted({nbytes for nbytes, _ in bandwidth})
@@ -563,7 +560,7 @@ def run(args: argparse.Namespace, mode: str) -> tuple[list[dict], dict]:
              "zero_points": args.zero_points, "int8_weights": args.int8_weights, "seed": args.seed,
              "timing": asdict(timing), "checks": {k: {"metric": c.name, "limit": c.limit} for k, c in CHECKS.items()},
              "bandwidth_by_size": bandwidth, "bandwidth_error": bw_error,
-             "bandwidth_source": "benchmarks/peak/read_bw.c (gcc -O2 -mavx2), one process per thread"})
+             "bandwidth_source": "benchmarks/peak/read_bw.c (gcc -O2 -mavx2 -pthread), one thread per kernel thread"})
     return rows, meta
 
 

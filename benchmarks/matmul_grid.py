@@ -50,7 +50,7 @@ PEAK_PROGRAMS = {
 PEAK_FLAGS = {
     "peak_avx2.c": ["-mavx2"],
     "peak_vnni.c": ["-mavx512f", "-mavx512vl", "-mavx512vnni"],
-    "read_bw.c": ["-mavx2"],
+    "read_bw.c": ["-mavx2", "-pthread"],
 }
 
 
