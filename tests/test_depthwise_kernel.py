@@ -72,7 +72,7 @@ GEOMETRIES = {
     "5ch-odd": dict(c=5, hw=(7, 7), k=3),
     "24ch-5x5-batch2": dict(c=24, hw=(11, 9), k=5, s=2, pads=(2, 1, 1, 2), batch=2),
     # channel counts no vector width divides (MixNet's 90 and 300): whole vectors and a partitioned tail
-    "90ch-9x9-ragged": dict(c=90, hw=(8, 8), k=9, pads=(4, 4, 4, 4)),
+    "90ch-7x7-ragged": dict(c=90, hw=(8, 8), k=7, pads=(3, 3, 3, 3)),
     "300ch-5x5-s2-ragged": dict(c=300, hw=(7, 6), k=5, s=2, pads=(2, 2, 2, 2)),
     "20ch-ragged": dict(c=20, hw=(9, 9), k=3),
 }

@@ -67,30 +67,26 @@ class Pad(_tvm_onnx.Pad):
     the Q/DQ fold pads the codes (HGNetV2's stem pads before a max pool). Other modes: TVM's form."""
 
     @classmethod
-    def _relax_pad(cls, bb, inputs, attr, params, parse):
-        if attr.get("mode", b"constant").decode("utf-8") != "constant":
-            return None
-        try:
-            before, after, value = parse()
-        except ValueError:  # run-time pads or axes: TVM's converter says so
-            return None
-        width = [int(v) for pair in zip(before, after) for v in pair]
-        return relax.op.nn.pad(inputs[0], width, "constant", float(value))
+    def _relax_pad(cls, bb, inputs, attr, params, fallback):
+        if attr.get("mode", b"constant").decode("utf-8") == "constant":
+            try:
+                before, after, value = cls._parse_pads_and_axes(inputs, params)
+            except ValueError:  # run-time pads or axes: TVM's converter says so
+                return fallback(bb, inputs, attr, params)
+            return relax.op.nn.pad(inputs[0], [int(v) for pair in zip(before, after) for v in pair], "constant", float(value))
+        return fallback(bb, inputs, attr, params)
 
     @classmethod
     def _impl_v11(cls, bb, inputs, attr, params):
-        pad = cls._relax_pad(bb, inputs, attr, params, lambda: cls._parse_pads_and_axes(inputs, params))
-        return pad if pad is not None else super()._impl_v11(bb, inputs, attr, params)
+        return cls._relax_pad(bb, inputs, attr, params, super()._impl_v11)
 
     @classmethod
     def _impl_v18(cls, bb, inputs, attr, params):
-        pad = cls._relax_pad(bb, inputs, attr, params, lambda: cls._parse_pads_and_axes(inputs, params))
-        return pad if pad is not None else super()._impl_v18(bb, inputs, attr, params)
+        return cls._relax_pad(bb, inputs, attr, params, super()._impl_v18)
 
     @classmethod
     def _impl_v19(cls, bb, inputs, attr, params):
-        pad = cls._relax_pad(bb, inputs, attr, params, lambda: cls._parse_pads_and_axes(inputs, params))
-        return pad if pad is not None else super()._impl_v19(bb, inputs, attr, params)
+        return cls._relax_pad(bb, inputs, attr, params, super()._impl_v19)
 
 
 class Clip(_tvm_onnx.Clip):

@@ -3,10 +3,11 @@
 The integer convolutions run on NHWC (:mod:`~tvm_lowprec.quant.qdq_to_integer` emits
 ``NCHW -> NHWC`` before each one and ``NHWC -> NCHW`` after it). Between two convolutions sit
 operators that do not care about the layout: quantize and dequantize, the activations, the
-residual add, pooling, padding, concatenation, split, resize, reductions with kept axes (a group norm's mean
-and variance), and the squeeze/unsqueeze of a Conv1d lifted to two dimensions. This pass rewrites
-``op(permute_dims(x, p))`` into ``permute_dims(op'(x), p)`` (``op'`` with its axes or layout attributes moved accordingly) and
-``permute_dims(permute_dims(x, q), p)`` into one transpose, a reshape (only unit axes move) or none;
+residual add, pooling, padding, concatenation, split, resize, reductions with kept axes (a group
+norm's mean and variance), and the squeeze/unsqueeze of a Conv1d lifted to two dimensions. This pass
+rewrites ``op(permute_dims(x, p))`` into ``permute_dims(op'(x), p)`` (``op'`` with its axes or layout
+attributes moved accordingly) and ``permute_dims(permute_dims(x, q), p)`` into one transpose, a
+reshape (only unit axes move) or none;
 a reshape to the tensor's own shape is dropped, and a small broadcast operand of a binary operator (a
 ``[C, 1]`` weight) is transposed instead of the activations. The transposes that survive are
 the ones before an operator that needs the original layout (a reshape, say) or at an output: the
