@@ -3,6 +3,7 @@
 
     python benchmarks/ort_profile.py --models resnet50,deeplabv3_mobilenet_v3_large,vit_b_16,distilbert \\
         --small --threads 1 --out DIR
+    python benchmarks/ort_profile.py --heldout --models mixnet_s,wav2vec2_4l --small --out DIR   # held-out models
 
 Each model's QDQ file (the zoo's ``build``, cached in ``~/.cache/tvm-lowprec-zoo``) runs on both sides:
 
@@ -397,7 +398,14 @@ def render(results: list[dict], meta: dict, top: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    held_out = "--heldout" in (sys.argv[1:] if argv is None else argv)
+    if held_out:  # the held-out models join the registry before --models is parsed against it
+        import heldout
+
+        heldout.register()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heldout", action="store_true",
+                        help="benchmarks/heldout.py's models (and their cache) may be named in --models")
     parser.add_argument("--models", type=names_parser(zoo.REGISTRY, "model"),
                         default=["resnet50", "deeplabv3_mobilenet_v3_large", "vit_b_16", "distilbert"])
     parser.add_argument("--small", action="store_true", help="the zoo's reduced input sizes")
@@ -407,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--isolated", action="store_true", help="tvm-lowprec: time each kernel alone")
     parser.add_argument("--top", type=int, default=10)
-    parser.add_argument("--cache", type=Path, default=zoo.DEFAULT_CACHE)
+    parser.add_argument("--cache", type=Path, default=heldout.CACHE if held_out else zoo.DEFAULT_CACHE)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
