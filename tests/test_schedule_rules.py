@@ -82,6 +82,18 @@ def test_a_reduction_along_an_outer_axis_is_vectorized_along_the_inner_one(name,
     _check_scheduled(func, StridedReductionRule(), [rng.standard_normal(shape).astype(np.float32)], exact=False)
 
 
+def test_a_long_reduction_to_one_value_gets_vector_partial_sums(rng):
+    """A group norm of one group over a whole 1x1x16384 tensor (mobilevit-v2): dlight's CPU reduction
+    rule left it one serial chain of scalar adds; it is declined, and the generic rule rfactors it."""
+    shape = (1, 1, 16384)
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, lambda bb, x: relax.op.sqrt(
+        relax.op.add(relax.op.variance(x, axis=[2], keepdims=True), relax.const(np.float32(1e-5))))))
+    assert _first_rule(func) == "GenericRule"
+    x = rng.standard_normal(shape).astype(np.float32)
+    (got,) = _run(DEFAULT_RULES[-1].apply(func, SPEC).mod["main"], [x])
+    np.testing.assert_allclose(got.ravel(), np.sqrt(x.astype(np.float64).var() + 1e-5), rtol=1e-6)
+
+
 def test_a_long_column_walk_takes_strips_of_vectors():
     shape, body = STRIDED["norm-over-frames-nwc"]
     (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, body))
