@@ -181,3 +181,43 @@ def test_fast_math_only_changes_the_float_operators(rng):
     assert any("fast_softmax" in k.name for k in fast.kernels())
     assert not any("fast_" in k.name for k in exact.kernels())
     np.testing.assert_allclose(fast(x)[0], exact(x)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("k,n", [(250, 64), (64, 250), (50, 64)])
+def test_the_runtime_packing_of_every_cpu_row_is_exact_and_unrolls_its_panel_step(k, n, rng):
+    """``pack_b`` in each CPU row's packed layout (the layout is data: every row's function runs here,
+    on this host's target), scheduled by :class:`~tvm_lowprec.schedule.qgemm.PackBRule`, matches the
+    function as written; its panel step (columns x K-group, at most ``PACK_UNROLL`` bytes) is unrolled
+    and the loops over K-groups and column groups carry the partition hint (the padded border split off)."""
+    import tvm
+
+    from tvm_lowprec.kernels.pack_b import build_pack_b
+    from tvm_lowprec.kernels.qgemm import Epilogue, GemmLayout, QGemmProblem
+    from tvm_lowprec.schedule.qgemm import PACK_UNROLL, PackBRule
+    from tvm_lowprec.targets import registered_targets, resolve_target
+
+    native = resolve_target("native")
+    b = rng.integers(0, 256, (3, k, n), dtype=np.uint8)
+    problem = QGemmProblem(40, n, k, "uint8", Epilogue("requant", "uint8", zero_point=3), row_term=True, batch=3)
+    checked = set()
+    for spec in registered_targets("cpu").values():
+        layout = GemmLayout.choose(problem, spec, None)
+        if layout.packed_shape in checked:
+            continue
+        checked.add(layout.packed_shape)
+        func = build_pack_b(3, k, n, "uint8", layout, 7, -5, "pack")
+        sch = PackBRule().apply(func, native)
+        outs = []
+        for f in (func, sch.mod["main"]):
+            lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target=native.tvm_target(1))
+            args = [tvm.runtime.tensor(b), tvm.runtime.tensor(np.zeros((3,) + layout.packed_shape, layout.b_storage)),
+                    tvm.runtime.tensor(np.zeros((3, layout.np_), np.int32))]
+            lib.mod["main"](*args)
+            outs.append([a.numpy() for a in args[1:]])
+        for want, got in zip(*outs):
+            np.testing.assert_array_equal(got, want, err_msg=spec.name)
+        step = int(np.prod(layout.packed_shape[-2:]))
+        trace = str(sch.trace)
+        assert (trace.count("sch.unroll") == 2) == (step <= PACK_UNROLL), (spec.name, layout.packed_shape)
+        assert ("pragma_loop_partition_hint" in trace) == (step <= PACK_UNROLL), spec.name
+    assert len(checked) >= 2  # more than one layout among the rows

@@ -170,8 +170,8 @@ def _upsample_concat(bb, x):
 
 @pytest.mark.parametrize("channels, kept", [(6, 0), (70, 4)])
 def test_a_concatenation_of_misaligned_pieces(channels, kept, rng):
-    """An FPN's four 6-channel pieces: everything inlined, the channel axis computed in unrolled steps
-    of 6 (each step's piece known, its select folded); pieces wider than a vector (70 channels) are
+    """An FPN's four 6-channel pieces: everything inlined, the channel axis computed in steps of 6,
+    one loop each (each step's piece known, its select folded); pieces wider than a vector (70 channels) are
     computed into buffers of their own first. Exact either way."""
     from tvm.s_tir import Schedule
 
@@ -183,7 +183,9 @@ def test_a_concatenation_of_misaligned_pieces(channels, kept, rng):
     sch = Schedule(func)
     assert len(_pieces_of_misaligned_concats(sch, root_children(sch)[1])) == kept
     trace = str(ElementwiseRule().apply(func, SPEC).trace)
-    assert ("sch.unroll" in trace and "factors=[None, 6]" in trace) == (kept == 0)
+    assert ("sch.loop_partition" in trace and "factors=[None, 6]" in trace) == (kept == 0)
+    if kept == 0:  # the steps' selects folded before TVM vectorizes: vector stores, not a scalarized loop
+        assert "T.Ramp(" in _vectorized_tir(ElementwiseRule().apply(func, SPEC).mod["main"])
     _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
 
 
@@ -344,3 +346,66 @@ def test_only_the_quantize_of_an_unbounded_input_keeps_its_nan_test():
     d = (q - 128) * np.float32(0.05) + np.array([0.5, -1.0, 2.0, 0.0], np.float32)
     want = (np.clip(np.rint(d / np.float32(0.05)) + 128, 0, 255) - 128) * np.float32(0.05)
     np.testing.assert_allclose(got, want.astype(np.float32), rtol=0, atol=1e-6)
+
+
+# -- copies that change the layout: reads in their simplest form, swept in the read's order ----------
+def _head_transpose(x, hw, c=16):
+    """A detector head: NHWC codes ``[HW, C]`` read back as NCHW ``[1, C, HW]`` through reshapes and a
+    transpose, then dequantized (the chain of reshapes composes into divisions TVM does not fold)."""
+    side = int(round(hw ** 0.5))
+    y = relax.op.reshape(relax.op.reshape(x, (hw * c,)), (1, side, side, c))
+    y = relax.op.reshape(relax.op.permute_dims(y, [0, 3, 1, 2]), (1, c, hw))
+    return relax.op.multiply(relax.op.astype(y, "float32"), relax.const(np.float32(0.5)))
+
+
+def _loads_of(func, name: str) -> list[str]:
+    return re.findall(rf"{name}\[[^\]]*\]", func.script())
+
+
+def test_reshapes_and_a_transpose_read_their_input_at_affine_indices(rng):
+    """The composed reshape-transpose-reshape reads ``x[p, c]`` (no division per lane after
+    :func:`~tvm_lowprec.schedule.affine_loads.affine_loads`); exact."""
+    shape = (400, 16)
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, lambda bb, x: _head_transpose(x, 400), "uint8"))
+    sch = ElementwiseRule().apply(func, SPEC)
+    loads = _loads_of(sch.mod["main"], "x")
+    assert loads and not any("//" in load or "%" in load for load in loads), loads
+    _check_scheduled(func, ElementwiseRule(), [rng.integers(0, 256, shape, dtype=np.uint8)])
+
+
+def test_a_concatenation_of_transposed_pieces_is_cut_into_one_loop_per_piece(rng):
+    """A head's three scales (400, 100 and 25 anchors) concatenated along the anchors: one loop per
+    piece (the 400 in vectors), each reading its piece at affine indices, nothing kept; exact."""
+    from tvm.s_tir import Schedule
+
+    from tvm_lowprec.schedule.elementwise import _pieces_of_misaligned_concats
+
+    def build(bb):
+        xs = [relax.Var(f"x{i}", relax.TensorType((n, 16), "uint8")) for i, n in enumerate((400, 100, 25))]
+        with bb.function("main", xs):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.concat([_head_transpose(x, n) for x, n in zip(xs, (400, 100, 25))], axis=2))
+            bb.emit_func_output(out)
+
+    (func,) = _fused_primfuncs(build)
+    plain = Schedule(func)
+    assert not _pieces_of_misaligned_concats(plain, root_children(plain)[1])
+    sch = ElementwiseRule().apply(func, SPEC)
+    assert str(sch.trace).count("sch.loop_partition") == 1 and "sch.vectorize" in str(sch.trace)
+    for name in ("x0", "x1", "x2"):
+        loads = _loads_of(sch.mod["main"], name)
+        assert loads and not any("//" in load or "%" in load for load in loads), loads
+    _check_scheduled(func, ElementwiseRule(), [rng.integers(0, 256, (n, 16), dtype=np.uint8) for n in (400, 100, 25)])
+
+
+def test_a_transpose_back_to_nchw_sweeps_its_input_row_by_row(rng):
+    """``y[c, h, w] = x[h, w, c]``: the parallel loop runs over (h, c), not (c, h), so each row of
+    ``x`` is read while it is in cache; exact."""
+    shape = (1, 24, 32, 21)
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, lambda bb, x: relax.op.permute_dims(
+        relax.op.multiply(x, relax.const(np.float32(2.0))), [0, 3, 1, 2])))
+    sch = ElementwiseRule().apply(func, SPEC)
+    (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    outer = sch.get(sch.get_loops(block)[0])
+    assert "ax2_ax1" in outer.loop_var.name, outer.loop_var.name  # h (ax2 of the output) before c (ax1)
+    _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
