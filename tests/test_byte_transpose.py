@@ -35,9 +35,11 @@ def _heads_transpose(tokens, heads, dim, dtype="int8"):
 CASES = {"head-6400x16": lambda: _head_transpose(80, 80, 16), "head-1600x3": lambda: _head_transpose(40, 40, 3),
          "keys-128x384": lambda: _heads_transpose(128, 12, 32),
          # Whisper's keys at 250 frames: 15 tiles of 16 rows, the last 10 rows a byte at a time
-         "keys-250x384": lambda: _heads_transpose(250, 6, 64, "uint8")}
+         "keys-250x384": lambda: _heads_transpose(250, 6, 64, "uint8"),
+         # ViT-B/16's 7x7 patches back to NCHW: 3 tiles of 16 rows and one row left
+         "patches-49x768": lambda: _head_transpose(7, 7, 768)}
 EXPECTED = {"head-6400x16": (1, 6400, 16), "head-1600x3": (1, 1600, 3), "keys-128x384": (1, 128, 384),
-            "keys-250x384": (1, 250, 384)}
+            "keys-250x384": (1, 250, 384), "patches-49x768": (1, 49, 768)}
 
 
 

@@ -210,7 +210,7 @@ def build_byte_transpose(b: int, r: int, s: int, x_param, y_param, name: str):
         tb, tc = t // s, t % s
         copies = [tirx.BufferStore(y, tirx.BufferLoad(x, [tb * (r * s) + (first + p) * s + tc]),
                                    [tb * (r * s) + tc * r + first + p]) for p in range(tail)]
-        loops.append(tirx.For(t, 0, b * s, tirx.ForKind.SERIAL, tirx.SeqStmt(copies)))
+        loops.append(tirx.For(t, 0, b * s, tirx.ForKind.SERIAL, copies[0] if tail == 1 else tirx.SeqStmt(copies)))
     body = tirx.SeqStmt([tirx.DeclBuffer(x, data=x_param.data), tirx.DeclBuffer(y, data=y_param.data), *loops])
     whole = lambda buf: tirx.BufferRegion(buf, [tvm.ir.Range(0, e) for e in buf.shape])  # noqa: E731
     # the regions on the root block: what the profile counts as read and written (the body reads views)
