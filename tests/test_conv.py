@@ -36,6 +36,12 @@ DEPTHWISE = {
     "depthwise-dilated-int8": dict(x_shape=(1, 8, 12, 12), c_out=8, kernel=(3, 3), dilations=(2, 2),
                                    pads=(2, 2, 2, 2), group=8, x_dtype="int8", per_channel=False),
     "depthwise-odd-channels": dict(x_shape=(1, 5, 7, 7), c_out=5, kernel=(3, 3), group=5),
+    # a channel multiplier (m filters per input channel): the depthwise kernel over the input's channels
+    # repeated m times (quant/depthwise_multiplier.py), not m-column GEMMs, one per group
+    "depthwise-multiplier-2": dict(x_shape=(1, 8, 9, 9), c_out=16, kernel=(3, 3), pads=(1, 1, 1, 1), group=8),
+    "depthwise-multiplier-2-fastvit-7x7-stride2": dict(x_shape=(1, 16, 16, 16), c_out=32, kernel=(7, 7),
+                                                       strides=(2, 2), pads=(3, 3, 3, 3), group=16),
+    "depthwise-multiplier-3-int8": dict(x_shape=(1, 4, 8, 8), c_out=12, kernel=(3, 3), group=4, x_dtype="int8"),
 }
 # other grouped convolutions: one batched GEMM kernel, a group per batch, on the row's intrinsic
 GROUPED = {
@@ -44,7 +50,6 @@ GROUPED = {
     "grouped-width16-dilated-int8": dict(x_shape=(2, 32, 10, 10), c_out=32, kernel=(3, 3), dilations=(2, 2),
                                          pads=(2, 2, 2, 2), group=2, x_dtype="int8", per_channel=False),
     "grouped-1x1-shufflenet": dict(x_shape=(1, 24, 6, 6), c_out=36, kernel=(1, 1), group=3),
-    "depthwise-multiplier-2": dict(x_shape=(1, 8, 9, 9), c_out=16, kernel=(3, 3), pads=(1, 1, 1, 1), group=8),
     "grouped-width64": dict(x_shape=(1, 128, 5, 5), c_out=128, kernel=(3, 3), pads=(1, 1, 1, 1), group=2),
 }
 KERNEL = {**{n: "qconv2d" for n in CONVS}, **{n: "qdepthwise" for n in DEPTHWISE}, **{n: "qgconv2d" for n in GROUPED}}

@@ -116,3 +116,24 @@ def test_a_lifted_conv1d_and_its_norm_stay_in_nhwc(rng):
     exe = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
     want = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_transposes_move_through_a_channel_repeat(rng):
+    """``repeat(permute_dims(x), m, axis=1)`` (a depthwise convolution's channel multiplier,
+    quant/depthwise_multiplier.py): the repeat runs along NHWC's channel axis, the transposes cancel."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 5, 6, 4), "uint8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.permute_dims(x, (0, 3, 1, 2)))  # NHWC -> NCHW
+            r = bb.emit(relax.op.repeat(t, 2, axis=1))
+            out = bb.emit_output(relax.op.permute_dims(r, (0, 2, 3, 1)))  # back to NHWC
+        bb.emit_func_output(out)
+    mod = bb.get()
+    moved = relax.transform.DeadCodeElimination()(propagate_layout_module(mod))
+    calls = _calls(moved)
+    assert "relax.permute_dims" not in [c.op.name for c in calls]
+    (repeat,) = [c for c in calls if c.op.name == "relax.repeat"]
+    assert int(repeat.attrs.axis) == 3
+    x = rng.integers(0, 256, (1, 5, 6, 4)).astype(np.uint8)
+    np.testing.assert_array_equal(_run(moved, x), _run(mod, x))

@@ -27,6 +27,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu
 from tvm.relax.backend.cuda import pipeline as cuda
 
 from .quant.batch_norm import batch_norm_module
+from .quant.depthwise_multiplier import depthwise_multiplier_module
 from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.finite_quantize import finite_quantize_module
 from .quant.fold_constants import fold_constants_module
@@ -109,7 +110,8 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     """Phases 1-2: the module whose PrimFuncs are the kernels to schedule (or to tune).
     ``weight_only``: a :class:`~tvm_lowprec.quant.weight_only.WeightOnlyConfig` (default: float activations)."""
     mod = weight_only_module(mod, spec, weight_only)
-    mod = propagate_layout_module(batch_norm_module(fold_qdq_module(rewrite_module(mod, spec, requant_mode))))
+    mod = rewrite_module(depthwise_multiplier_module(mod), spec, requant_mode)
+    mod = propagate_layout_module(batch_norm_module(fold_qdq_module(mod)))
     mod = integer_binary_module(lookup_tables_module(through_concat_module(row_ops_module(mod)), spec))
     mod = lookup_epilogue_module(mod, spec)
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float

@@ -99,7 +99,7 @@ class _Propagator(relax.PyExprMutator):
             self._concat if name == "relax.concat" else self._split if name == "relax.split" else
             self._resize if name == "relax.image.resize2d" else
             self._squeeze if name == "relax.squeeze" else self._expand_dims if name == "relax.expand_dims" else
-            self._pad if name == "relax.nn.pad" else None
+            self._pad if name == "relax.nn.pad" else self._repeat if name == "relax.repeat" else None
         )
         if handler is None:
             return call
@@ -240,6 +240,15 @@ class _Propagator(relax.PyExprMutator):
         perm = sides[0][1]
         new = relax.op.concat([s[0] for s in sides], _axis(int(call.attrs.axis), perm))
         return self._emit_transposed(new, perm)
+
+    def _repeat(self, call, name):
+        """``repeat(permute_dims(x, p))``: ``x`` repeated along the moved axis (a depthwise
+        convolution's channel multiplier, :mod:`~tvm_lowprec.quant.depthwise_multiplier`)."""
+        inner = self._transposed(call.args[0])
+        if inner is None or call.attrs.axis is None:
+            return None
+        x, perm = inner
+        return self._emit_transposed(relax.op.repeat(x, int(call.attrs.repeats), _axis(int(call.attrs.axis), perm)), perm)
 
     def _split(self, call, name):
         """``split(permute_dims(x, p))``: the pieces of ``x`` split along the moved axis, each transposed

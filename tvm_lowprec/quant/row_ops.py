@@ -69,7 +69,9 @@ def _layer_norm(builder, core, dq, p_in, out, name_shape):
         return None
     func = build_qlayernorm(name_shape, dtype_of(dq.args[0]), _scalar(p_in.scale), int(_scalar(p_in.zero_point)),
                             float(core.attrs.epsilon), out.dtype, out.scale, out.zero_point, *out.range)
-    return "qlayernorm", func, [np.asarray(gamma, np.float32).reshape(n), np.asarray(beta, np.float32).reshape(n)]
+    sy = np.float32(out.scale)  # the kernel takes gamma and beta in output steps (no division per element)
+    return "qlayernorm", func, [(np.asarray(gamma, np.float32).reshape(n) / sy).astype(np.float32),
+                                (np.asarray(beta, np.float32).reshape(n) / sy).astype(np.float32)]
 
 
 ROW_OPS = {"nn.softmax": _softmax, "nn.layer_norm": _layer_norm}
