@@ -28,6 +28,7 @@ from tvm.relax.backend.cuda import pipeline as cuda
 
 from .quant.batch_norm import batch_norm_module
 from .quant.depthwise_multiplier import depthwise_multiplier_module
+from .quant.fast_math import fast_math_module
 from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.finite_quantize import finite_quantize_module
 from .quant.fold_constants import fold_constants_module
@@ -116,7 +117,7 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     mod = lookup_epilogue_module(mod, spec)
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
-        mod = relax.transform.FastMathTransform()(mod)
+        mod = fast_math_module(mod)
     mod = dequantize_per_use_module(integer_mean_module(finite_quantize_module(mod)))
     mod = checked_indices_module(mod)  # a Gather's run-time indices raise out of range, never read past the table
     return legalize_and_fuse(mod)

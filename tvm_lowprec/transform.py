@@ -25,7 +25,10 @@ from tvm import relax
 
 from . import pipeline as _pipeline
 from .frontend.relax_module import prepare_module
+from .quant.batch_norm import batch_norm_module
+from .quant.depthwise_multiplier import depthwise_multiplier_module
 from .quant.dequantize_per_use import dequantize_per_use_module
+from .quant.fast_math import fast_math_module
 from .quant.finite_quantize import finite_quantize_module
 from .quant.float_gemm import float_gemm_module
 from .quant.fold_qdq import fold_qdq_module
@@ -65,12 +68,18 @@ def QDQToInteger(target, requant_mode: str = "float"):  # noqa: N802
     """Dequantize -> matmul/conv -> quantize as integer kernels on the row's instruction, requantized in
     their epilogue."""
     spec = _spec(target)
-    return _module_pass("QDQToInteger", lambda mod: rewrite_module(mod, spec, requant_mode))
+    # a depthwise convolution with a channel multiplier first made one over repeated channels
+    return _module_pass("QDQToInteger", lambda mod: rewrite_module(depthwise_multiplier_module(mod), spec, requant_mode))
 
 
 def FoldQDQ():  # noqa: N802
     """Data movement (reshape, transpose, concat, pooling...) kept on the 8-bit codes."""
     return _module_pass("FoldQDQ", fold_qdq_module)
+
+
+def BatchNorm():  # noqa: N802
+    """Inference batch norms with constant statistics as ``x * a + b`` (before the layout pass)."""
+    return _module_pass("BatchNorm", batch_norm_module)
 
 
 def PropagateLayout():  # noqa: N802
@@ -112,8 +121,9 @@ def FloatKernels(target):  # noqa: N802
 
 
 def FastMath():  # noqa: N802
-    """TVM's FastMathTransform for the float operators left between quantized ones."""
-    return relax.transform.FastMathTransform()
+    """TVM's FastMathTransform for the float operators left between quantized ones (GELU included:
+    :mod:`~tvm_lowprec.quant.fast_math`)."""
+    return _module_pass("FastMath", fast_math_module)
 
 
 def Finish():  # noqa: N802
@@ -149,7 +159,7 @@ def after_qdq_to_integer(target, fast_math: bool = True) -> list:
     """The passes after :func:`QDQToInteger`, in ``compile``'s order, through scheduling (no lowering):
     :func:`tvm_lowprec.pipeline.fused_module`'s steps (``tests/test_transform.py`` holds them to the
     same executable)."""
-    passes = [FoldQDQ(), PropagateLayout(), RowOps(), ThroughConcat(), LookupTables(target), IntegerBinary(),
+    passes = [FoldQDQ(), BatchNorm(), PropagateLayout(), RowOps(), ThroughConcat(), LookupTables(target), IntegerBinary(),
               LookupEpilogue(target), FloatKernels(target)]
     return passes + ([FastMath()] if fast_math else []) + [Finish(), LegalizeAndFuse(), ScheduleKernels(target)]
 
@@ -181,6 +191,6 @@ def tvm_target(target="native", num_threads: int | None = None) -> tvm.target.Ta
     return _spec(target).tvm_target(num_threads or 2)
 
 
-__all__ = ["FastMath", "Finish", "FloatKernels", "FoldQDQ", "IntegerBinary", "LegalizeAndFuse", "LookupEpilogue",
+__all__ = ["BatchNorm", "FastMath", "Finish", "FloatKernels", "FoldQDQ", "IntegerBinary", "LegalizeAndFuse", "LookupEpilogue",
            "LookupTables", "Lower", "PrepareModule", "PropagateLayout", "QDQToInteger", "RowOps", "ScheduleKernels",
            "ThroughConcat", "WeightOnly", "after_qdq_to_integer", "passes", "pipeline", "tir_pipeline", "tvm_target"]
