@@ -398,14 +398,20 @@ def test_a_concatenation_of_transposed_pieces_is_cut_into_one_loop_per_piece(rng
     _check_scheduled(func, ElementwiseRule(), [rng.integers(0, 256, (n, 16), dtype=np.uint8) for n in (400, 100, 25)])
 
 
-def test_a_transpose_back_to_nchw_sweeps_its_input_row_by_row(rng):
+@pytest.mark.parametrize("side, read_order", [(64, True), (8, False)])
+def test_a_transpose_back_to_nchw_sweeps_a_large_input_row_by_row(side, read_order, rng):
     """``y[c, h, w] = x[h, w, c]``: the parallel loop runs over (h, c), not (c, h), so each row of
-    ``x`` is read while it is in cache; exact."""
-    shape = (1, 24, 32, 21)
+    ``x`` is read while it is in cache, where ``x`` is large (64x64x21 floats: 336 KiB); a small ``x``
+    keeps the output's order (its writes contiguous); exact."""
+    from tvm_lowprec.schedule.elementwise import _READ_ORDER_BYTES
+
+    shape = (1, side, side, 21)
+    assert (side * side * 21 * 4 >= _READ_ORDER_BYTES) == read_order
     (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, lambda bb, x: relax.op.permute_dims(
         relax.op.multiply(x, relax.const(np.float32(2.0))), [0, 3, 1, 2])))
     sch = ElementwiseRule().apply(func, SPEC)
     (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))]
     outer = sch.get(sch.get_loops(block)[0])
-    assert "ax2_ax1" in outer.loop_var.name, outer.loop_var.name  # h (ax2 of the output) before c (ax1)
+    # h (ax2 of the output) before c (ax1), or the output's own order
+    assert ("ax2_ax1" in outer.loop_var.name) == read_order, outer.loop_var.name
     _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
