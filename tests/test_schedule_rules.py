@@ -415,3 +415,14 @@ def test_a_transpose_back_to_nchw_sweeps_a_large_input_row_by_row(side, read_ord
     # h (ax2 of the output) before c (ax1), or the output's own order
     assert ("ax2_ax1" in outer.loop_var.name) == read_order, outer.loop_var.name
     _check_scheduled(func, ElementwiseRule(), [rng.standard_normal(shape).astype(np.float32)])
+
+
+def test_a_channel_repeat_is_unrolled_for_llvms_byte_shuffles(rng):
+    """``y[..., c] = x[..., c // 2]`` (a depthwise convolution's channel multiplier, NHWC): steps of
+    the channel axis unrolled, not vectorized into a byte gather per lane; exact."""
+    shape = (1, 8, 8, 48)
+    (func,) = _fused_primfuncs(lambda bb: _function(bb, shape, lambda bb, x: relax.op.repeat(x, 2, axis=3), "uint8"))
+    sch = ElementwiseRule().apply(func, SPEC)
+    trace = str(sch.trace)
+    assert "sch.unroll" in trace and "sch.vectorize" not in trace, trace
+    _check_scheduled(func, ElementwiseRule(), [rng.integers(0, 256, shape, dtype=np.uint8)])

@@ -435,6 +435,22 @@ def _in_read_order(sch, block, loops) -> list:
     return [loops[i] for i in order]
 
 
+def _reads_a_fraction(stmt, extent: int) -> bool:
+    """Whether a read's innermost index is the innermost axis divided by a constant (a repeat along
+    the channels: ``y[..., c] = x[..., c // m]``). TVM vectorizes that as a gather of a byte per lane;
+    steps of up to 64 elements unrolled let LLVM's SLP vectorizer make them loads and byte shuffles
+    (FastViT's channel repeat, 1x32x32x48 -> 96: 42.6 -> 1.8 us, Zen 4, one thread, alone)."""
+    if not stmt.iter_vars:
+        return False
+    var = stmt.iter_vars[-1].var
+    for region in stmt.reads:
+        index = region.region[-1].min if region.region else None
+        if (isinstance(index, tvm.tirx.FloorDiv) and isinstance(index.b, tvm.tirx.IntImm) and index.b.value > 1
+                and isinstance(index.a, tvm.tirx.Var) and index.a.same_as(var)):
+            return True
+    return False
+
+
 def _nest(sch, block) -> bool:
     """One block's outer axes fused and parallel (when large enough), its innermost axis vectorized
     (or unrolled when short and no vector width divides it); False for a block without loops or with a
@@ -474,6 +490,10 @@ def _nest(sch, block) -> bool:
         if total >= _MIN_PARALLEL:
             sch.parallel(outer)
     if sch.get(block).iter_vars and _partition_pieces(sch, block):
+        return True
+    if lanes is not None and _reads_a_fraction(sch.get(block), extent):
+        chunk = next(c for c in (64, 32, 16, 8) if extent % c == 0)
+        sch.unroll(sch.split(inner, [None, chunk])[1] if extent > chunk else inner)
         return True
     if lanes is not None:
         # a pixel's channels as one vector (24: a zmm and a ymm, not 3 ymm in a loop), but not a
