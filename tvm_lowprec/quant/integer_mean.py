@@ -1,4 +1,4 @@
-"""Pass: the mean (and the variance) of a dequantized 8-bit tensor are integer sums of its codes.
+"""Pass: the mean of a dequantized 8-bit tensor is an integer sum of its codes.
 
 ``mean(dequantize(x, s, zp))`` over ``n`` elements is ``s * (sum(x) - n * zp) / n``. Written so, the
 reduction reads the 8-bit codes (a squeeze-excite block's global average pool over a 1x240x240x16
@@ -34,8 +34,6 @@ _EXACT = 1 << 24  # |sum - n * zp| <= n * 255 below this: exact in int32 and as 
 class _IntegerMean(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.variance":
-            return self._variance(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.mean"):
             return call
         value = call_of(call.args[0], "dequantize", self.lookup_binding)
@@ -56,33 +54,6 @@ class _IntegerMean(relax.PyExprMutator):
         centred = relax.op.subtract(total, relax.const(count * int(zero_point), "int32"))
         real = relax.op.multiply(relax.op.astype(centred, "float32"), relax.const(np.float32(scale), "float32"))
         return relax.op.divide(real, relax.const(np.float32(count), "float32"))
-
-    def _variance(self, call):
-        """``variance(dequantize(x, s, zp))`` as ``s^2 (n S2 - S1^2) / n^2`` with ``S1``, ``S2`` the integer
-        sums of ``c = x - zp`` and ``c^2`` (int32), ``n S2 - S1^2`` in int64, exactly; then float64, then
-        float32. wav2vec2's group norm (512 channels over 1599 frames, NWC) read a float32 copy of its
-        input (3.3 MB, written by a kernel of its own) twice, for the mean and the squared deviations."""
-        value = call_of(call.args[0], "dequantize", self.lookup_binding)
-        if value is None:
-            return call
-        codes = value.args[0]
-        scale, zero_point = (constant(a, self.lookup_binding) for a in value.args[1:3])
-        shape = static_shape(codes)
-        if (scale is None or zero_point is None or scale.size != 1 or zero_point.size != 1 or shape is None
-                or dtype_of(codes) not in ("uint8", "int8") or dtype_of(call) != "float32"):
-            return call
-        axes = [int(a) % len(shape) for a in call.attrs.axis] if call.attrs.axis is not None else list(range(len(shape)))
-        count = int(np.prod([shape[a] for a in axes]))
-        if count * 255 * 255 >= 1 << 31 or len(shape) - 1 in axes:
-            return call
-        keep = bool(call.attrs.keepdims)
-        c = relax.op.subtract(relax.op.astype(codes, "int32"), relax.const(int(zero_point.reshape(())), "int32"))
-        s1 = relax.op.astype(relax.op.sum(c, axes, keep), "int64")
-        s2 = relax.op.astype(relax.op.sum(relax.op.multiply(c, c), axes, keep), "int64")
-        spread = relax.op.subtract(relax.op.multiply(s2, relax.const(count, "int64")), relax.op.multiply(s1, s1))
-        factor = float(np.float64(np.float32(scale.reshape(()))) ** 2 / count ** 2)
-        real = relax.op.multiply(relax.op.astype(spread, "float64"), relax.const(factor, "float64"))
-        return relax.op.astype(real, "float32")
 
 
 def integer_mean_module(mod):
