@@ -22,9 +22,9 @@ MAX_ROW = (2**31 - 1) // (255 * 255)  # the squares' int32 sum stays exact
 
 
 def build_qlayernorm(shape, in_dtype: str, in_scale: float, in_zero_point: int, epsilon: float, out_dtype: str,
-                     out_scale: float, out_zero_point: int, qmin: int, qmax: int, name: str = "qlayernorm"):
+                     out_zero_point: int, qmin: int, qmax: int, name: str = "qlayernorm"):
     """Arguments: ``x`` ``shape`` in ``in_dtype``, ``gamma / out_scale`` and ``beta / out_scale`` float32
-    ``[C]``, the output."""
+    ``[C]`` (the output scale is in them: the kernel computes in output steps), the output."""
     round_to_int = target_round_to_int()  # the CPU rows' conversion when built for one (compile's target scope)
     shape = tuple(int(s) for s in shape)
     lead, n = shape[:-1], shape[-1]

@@ -68,7 +68,7 @@ def _layer_norm(builder, core, dq, p_in, out, name_shape):
     if not _last_axis(core.attrs.axes, len(name_shape)) or not (core.attrs.center and core.attrs.scale):
         return None
     func = build_qlayernorm(name_shape, dtype_of(dq.args[0]), _scalar(p_in.scale), int(_scalar(p_in.zero_point)),
-                            float(core.attrs.epsilon), out.dtype, out.scale, out.zero_point, *out.range)
+                            float(core.attrs.epsilon), out.dtype, out.zero_point, *out.range)
     sy = np.float32(out.scale)  # the kernel takes gamma and beta in output steps (no division per element)
     return "qlayernorm", func, [(np.asarray(gamma, np.float32).reshape(n) / sy).astype(np.float32),
                                 (np.asarray(beta, np.float32).reshape(n) / sy).astype(np.float32)]

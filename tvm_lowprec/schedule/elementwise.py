@@ -230,7 +230,7 @@ def _partition_pieces(sch, block) -> bool:
     if sizes is None:
         return False
     width = next((v for v in _LANES if all(size % v == 0 for size in sizes)), None)
-    if width is None:  # pieces of a few channels (an FPN's 6): steps of their common divisor, unrolled
+    if width is None:  # pieces of a few channels (an FPN's 6): steps of their common divisor, a loop each
         step = _step(sizes, extent)
         if step is None:
             return _loose(sizes) and _partition_loose(sch, inner, sizes)
@@ -419,9 +419,9 @@ def _in_read_order(sch, block, loops) -> list:
     if not reads:
         return loops
     read = max(reads, key=lambda r: math.prod(int(d.value) for d in r.source.shape))
-    if math.prod(int(d.value) for d in read.source.shape) * tvm.DataType(str(read.source.dtype)).bits // 8 < _READ_ORDER_BYTES:
-        return loops  # in cache whatever the order: the writes' order counts (ConvNeXt's last 3x3x768
-        # NHWC -> NCHW, 7 KiB read: 6.5 us as written, 22 us in the read's order)
+    size = math.prod(int(d.value) for d in read.source.shape) * tvm.DataType(str(read.source.dtype)).bits // 8
+    if size < _READ_ORDER_BYTES:  # in cache whatever the order: the writes' order counts (ConvNeXt's
+        return loops  # last 3x3x768 NHWC -> NCHW, 7 KiB read: 6.5 us as written, 22 us in the read's order)
 
     def axis_of(i):
         var = stmt.iter_vars[i].var
@@ -435,7 +435,7 @@ def _in_read_order(sch, block, loops) -> list:
     return [loops[i] for i in order]
 
 
-def _reads_a_fraction(stmt, extent: int) -> bool:
+def _reads_a_fraction(stmt) -> bool:
     """Whether a read's innermost index is the innermost axis divided by a constant (a repeat along
     the channels: ``y[..., c] = x[..., c // m]``). TVM vectorizes that as a gather of a byte per lane;
     steps of up to 64 elements unrolled let LLVM's SLP vectorizer make them loads and byte shuffles
@@ -491,7 +491,7 @@ def _nest(sch, block) -> bool:
             sch.parallel(outer)
     if sch.get(block).iter_vars and _partition_pieces(sch, block):
         return True
-    if lanes is not None and _reads_a_fraction(sch.get(block), extent):
+    if lanes is not None and _reads_a_fraction(sch.get(block)):
         chunk = next(c for c in (64, 32, 16, 8) if extent % c == 0)
         sch.unroll(sch.split(inner, [None, chunk])[1] if extent > chunk else inner)
         return True
