@@ -19,21 +19,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .patterns import call_of, mutate_relax_functions, qparams, static_shape
-
-
-def multiplier(conv) -> int:
-    """``m`` for a static NCHW/OIHW depthwise ``conv2d`` with ``m > 1`` filters per input channel, else 0."""
-    attrs = conv.attrs
-    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW":
-        return 0
-    x_shape, w_shape = static_shape(conv.args[0]), static_shape(conv.args[1])
-    if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
-        return 0
-    channels, groups, filters = x_shape[1], int(attrs.groups), w_shape[0]
-    if groups != channels or channels < 2 or w_shape[1] != 1 or filters <= channels or filters % channels:
-        return 0
-    return filters // channels
+from .patterns import call_of, conv_geometry, mutate_relax_functions, qparams
 
 
 @relax.expr_functor.mutator
@@ -42,7 +28,8 @@ class _Repeat(relax.PyExprMutator):
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
             return call
-        m = multiplier(call)
+        g = conv_geometry(call, grouped=True)
+        m = g.multiplier if g is not None else 0
         if not m:
             return call
         x = call.args[0]
@@ -58,7 +45,7 @@ class _Repeat(relax.PyExprMutator):
         out_layout = str(attrs.out_layout) if attrs.out_layout is not None else None
         out_dtype = str(attrs.out_dtype) if attrs.out_dtype is not None else None
         return relax.op.nn.conv2d(data, call.args[1], [int(s) for s in attrs.strides], [int(p) for p in attrs.padding],
-                                  [int(d) for d in attrs.dilation], m * static_shape(x)[1], str(attrs.data_layout),
+                                  [int(d) for d in attrs.dilation], m * g.channels, str(attrs.data_layout),
                                   str(attrs.kernel_layout), out_layout, out_dtype)
 
 

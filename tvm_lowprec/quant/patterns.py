@@ -205,6 +205,14 @@ class ConvGeometry:
         return self.groups > 1 and self.groups == self.channels and self.out_channels in (0, self.channels)
 
     @property
+    def multiplier(self) -> int:
+        """``m`` for a depthwise convolution with ``m > 1`` filters per input channel (one group per
+        channel, ``m * channels`` outputs), else 0."""
+        if self.groups != self.channels or self.channels < 2 or self.out_channels <= self.channels:
+            return 0
+        return self.out_channels // self.channels if self.out_channels % self.channels == 0 else 0
+
+    @property
     def grouped(self) -> bool:
         """More than one group and not depthwise: a batch of GEMMs, one per group."""
         return self.groups > 1 and not self.depthwise

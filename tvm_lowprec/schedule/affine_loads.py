@@ -28,6 +28,7 @@ from tvm.tirx import expr as E
 
 from ..kernel_cost import param_buffers
 from ..tir_nest import map_nest
+from .blocks import subexpressions
 from .byte_transpose import evaluate_index
 
 MAX_POINTS = 1 << 21  # a domain larger than this is left alone (the evaluation's memory and time)
@@ -120,13 +121,7 @@ def map_loads(expr, rewrite, bounds: dict):
 
 
 def _divides(expr) -> bool:
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (E.FloorDiv, E.FloorMod, E.Div, E.Mod)):
-            return True
-        stack.extend(_children(node))
-    return False
+    return any(isinstance(node, (E.FloorDiv, E.FloorMod, E.Div, E.Mod)) for node in subexpressions(expr))
 
 
 def _affine(index, axes, grid):

@@ -30,6 +30,7 @@ from tvm.s_tir import Schedule
 from tvm.tirx.analysis import undefined_vars
 from tvm.sym.analyzer import Analyzer
 
+from ..kernel_cost import buffer_bytes
 from .affine_loads import affine_loads
 from .blocks import root_children, subexpressions
 from .qgemm import narrow_indices
@@ -415,12 +416,11 @@ def _in_read_order(sch, block, loops) -> list:
     stmt = sch.get(block)
     if len(loops) < 2 or len(stmt.iter_vars) < len(loops):
         return loops
-    reads = [r for r in stmt.reads if r.region and all(hasattr(d, "value") for d in r.source.shape)]
+    reads = [r for r in stmt.reads if r.region and buffer_bytes(r.source) is not None]
     if not reads:
         return loops
-    read = max(reads, key=lambda r: math.prod(int(d.value) for d in r.source.shape))
-    size = math.prod(int(d.value) for d in read.source.shape) * tvm.DataType(str(read.source.dtype)).bits // 8
-    if size < _READ_ORDER_BYTES:  # in cache whatever the order: the writes' order counts (ConvNeXt's
+    read = max(reads, key=lambda r: buffer_bytes(r.source))
+    if buffer_bytes(read.source) < _READ_ORDER_BYTES:  # in cache whatever the order: the writes' order counts (ConvNeXt's
         return loops  # last 3x3x768 NHWC -> NCHW, 7 KiB read: 6.5 us as written, 22 us in the read's order)
 
     def axis_of(i):
