@@ -12,7 +12,8 @@
    8-bit tensors as int32 fixed point on the codes (:mod:`~tvm_lowprec.quant.integer_binary`), then the float32 matmuls and
    convolutions left with constant weights as packed FMA kernels (:mod:`~tvm_lowprec.quant.float_gemm`),
    and, optionally, TVM's FastMathTransform for the float operators left between quantized ones; last,
-   the means of 8-bit tensors as integer sums (:mod:`~tvm_lowprec.quant.integer_mean`) and a shared
+   a normalization's statistics (:mod:`~tvm_lowprec.quant.norm_stats`) and the means of 8-bit
+   tensors (:mod:`~tvm_lowprec.quant.integer_mean`) as integer sums of the codes, and a shared
    dequantize copied into each reader (:mod:`~tvm_lowprec.quant.dequantize_per_use`)
 2. legalize and fuse: TVM's LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR
 3. schedule: every PrimFunc goes through the schedule rules (:mod:`tvm_lowprec.schedule`)
@@ -33,11 +34,13 @@ from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.finite_quantize import finite_quantize_module
 from .quant.fold_constants import fold_constants_module
 from .quant.float_gemm import float_gemm_module
+from .quant.float_qdq import float_qdq_module
 from .quant.fold_qdq import fold_qdq_module
 from .quant.integer_binary import integer_binary_module
 from .quant.integer_mean import integer_mean_module
 from .quant.legalize import LEGALIZE
 from .quant.lookup_epilogue import lookup_epilogue_module
+from .quant.norm_stats import norm_stats_module
 from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
 from .quant.qdq_to_integer import rewrite_module
@@ -118,9 +121,17 @@ def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True,
     mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
     if fast_math:
         mod = fast_math_module(mod)
-    mod = dequantize_per_use_module(integer_mean_module(finite_quantize_module(mod)))
+    mod = finish_module(mod)
     mod = checked_indices_module(mod)  # a Gather's run-time indices raise out of range, never read past the table
     return legalize_and_fuse(mod)
+
+
+def finish_module(mod):
+    """The last rewrites of phase 1: a normalization's statistics and the means of 8-bit tensors as
+    integer sums of their codes, quantize/dequantize pairs inside float chains in float32, NaN-safe
+    quantization, a shared dequantize copied into each reader."""
+    mod = float_qdq_module(integer_mean_module(norm_stats_module(mod)))
+    return dequantize_per_use_module(finite_quantize_module(mod))
 
 
 def legalize_and_fuse(mod):

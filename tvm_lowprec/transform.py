@@ -27,13 +27,10 @@ from . import pipeline as _pipeline
 from .frontend.relax_module import prepare_module
 from .quant.batch_norm import batch_norm_module
 from .quant.depthwise_multiplier import depthwise_multiplier_module
-from .quant.dequantize_per_use import dequantize_per_use_module
 from .quant.fast_math import fast_math_module
-from .quant.finite_quantize import finite_quantize_module
 from .quant.float_gemm import float_gemm_module
 from .quant.fold_qdq import fold_qdq_module
 from .quant.integer_binary import integer_binary_module
-from .quant.integer_mean import integer_mean_module
 from .quant.lookup_epilogue import lookup_epilogue_module
 from .quant.lookup_tables import lookup_tables_module
 from .quant.propagate_layout import propagate_layout_module
@@ -127,8 +124,9 @@ def FastMath():  # noqa: N802
 
 
 def Finish():  # noqa: N802
-    """NaN-safe quantization, 8-bit means as integer sums, a shared dequantize copied into each reader."""
-    return _module_pass("Finish", lambda mod: dequantize_per_use_module(integer_mean_module(finite_quantize_module(mod))))
+    """NaN-safe quantization, a normalization's statistics and 8-bit means as integer sums, a shared
+    dequantize copied into each reader."""
+    return _module_pass("Finish", _pipeline.finish_module)
 
 
 def LegalizeAndFuse():  # noqa: N802

@@ -92,8 +92,9 @@ class _Bounds:
     """``bound(expr)``: an upper bound of ``|value|`` over every element, or ``inf`` when unknown (NaN
     possible). ``lookup`` maps a var to the expression bound to it (None for a function parameter)."""
 
-    def __init__(self, lookup):
+    def __init__(self, lookup, functions=None):
         self.lookup, self.memo = lookup, {}
+        self.functions = functions  # gvar -> function: a kernel's declared bound (``lowprec.bound``)
 
     def __call__(self, expr) -> float:
         if isinstance(expr, tvm.ir.expr.Constant):
@@ -113,6 +114,8 @@ class _Bounds:
             return max((self(f) for f in expr.fields), default=0.0)
         if isinstance(expr, relax.TupleGetItem):
             return self(expr.tuple_value)
+        if isinstance(expr, relax.Call) and expr.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+            return self._kernel(expr.args[0])
         if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
             rule = _RULES.get(expr.op.name)
             value = rule(expr, self) if rule is not None else UNBOUNDED
@@ -120,11 +123,19 @@ class _Bounds:
         return UNBOUNDED
 
 
+    def _kernel(self, gvar) -> float:
+        """A kernel that declares a bound of its outputs' magnitudes (``lowprec.bound``, a normalization's
+        statistics), else unbounded."""
+        func = self.functions(gvar) if self.functions is not None and isinstance(gvar, relax.GlobalVar) else None
+        bound = None if func is None or func.attrs is None else func.attrs.get("lowprec.bound", None)
+        return float(bound) if bound is not None else UNBOUNDED
+
+
 @relax.expr_functor.mutator
 class _Legalizer(relax.PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
-        self.bounds = _Bounds(self.lookup_binding)
+        self.bounds = _Bounds(self.lookup_binding, lambda gvar: self.builder_.get()[gvar])
         self.without_test = 0
 
     def visit_call_(self, call):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
-from .strided import schedule_strided
+from .strided import _LONG_WALK, _STRIP, schedule_strided
 
 _LANES = (16, 8)  # float32 lanes per vector step: two ymm registers (one zmm), else one ymm
 
@@ -72,6 +72,48 @@ def _schedule_rows(func, producers: tuple[str, ...]):
     return sch
 
 
+def _extent(sch, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def _schedule_column_moments(func):
+    """:func:`~tvm_lowprec.kernels.qnorm_stats.build_qnorm_stats`: sums along outer axes, so the vectors
+    run along the innermost (kept) axis, which both sums carry::
+
+        for outer in parallel(kept axes, innermost // (strip * V)):
+          for reduced axes: for s in unroll(strip): for lane in vectorize(V): (sum, sum of squares) += ...
+          mean[...], factor[...] for those strip * V positions, vectorized
+    """
+    sch = Schedule(func)
+    sums = sch.get_sblock("norm_sums")
+    loops, stmt = sch.get_loops(sums), sch.get(sums)
+    spatial = [l for l, iv in zip(loops, stmt.iter_vars) if iv.iter_type == 0]
+    reduced = [l for l, iv in zip(loops, stmt.iter_vars) if iv.iter_type == 2]
+    inner, walk = _extent(sch, spatial[-1]), 1
+    for loop in reduced:
+        walk *= _extent(sch, loop)
+    lanes = next((v for v in _LANES if inner % v == 0), 1)
+    strip = next((k for k in _STRIP if walk >= _LONG_WALK and inner % (k * lanes) == 0 and inner // (k * lanes) >= 2), 1)
+    vec_outer, vec = sch.split(spatial[-1], [None, strip * lanes])
+    sch.reorder(*spatial[:-1], vec_outer, *reduced, vec)
+    outer = sch.fuse(*spatial[:-1], vec_outer) if len(spatial) > 1 else vec_outer
+    for name in ("norm_mean", "norm_factor"):
+        sch.reverse_compute_at(sch.get_sblock(name), outer)
+    if lanes > 1:
+        for block in (sums, sch.get_sblock("norm_mean"), sch.get_sblock("norm_factor")):
+            last = sch.get_loops(block)[-1]
+            if block.same_as(sums) and strip > 1:
+                steps, last = sch.split(last, [strip, lanes])
+                sch.unroll(steps)
+            sch.vectorize(last)
+    if _extent(sch, outer) > 1:
+        sch.parallel(outer)
+    init = sch.decompose_reduction(sums, reduced[0])  # the zeroing once, before the walk
+    if lanes > 1:
+        sch.vectorize(sch.get_loops(init)[-1])
+    return sch
+
+
 class RowOpRule:
     """Schedules a row operator by its ``lowprec.op``; declines everything else."""
 
@@ -79,9 +121,10 @@ class RowOpRule:
         "qsoftmax": ("row_scale", "row_sum", "exp", "row_max"),
         "qlayernorm": ("row_factor", "row_mean", "row_sum_sq", "row_sum"),
     }
-
     def apply(self, func, spec):
         op = func.attrs.get("lowprec.op", None) if func.attrs is not None else None
+        if op == "qnorm_stats":
+            return _schedule_column_moments(func)
         if op not in self.PRODUCERS:
             return None
         axis = func.attrs.get("lowprec.axis", None)
