@@ -24,23 +24,10 @@ from tvm_lowprec.targets import resolve_target
 
 
 def _phases(spec):
-    """(name, module -> module) in fused_module's order."""
+    """(name, module -> module) in compile's order: phase 1's rewrites as the pipeline lists them, then
+    legalization, folding, fusion and scheduling."""
     return [
-        ("weight_only", lambda m: P.weight_only_module(m, spec, None)),
-        ("qdq_to_integer", lambda m: P.rewrite_module(m, spec, "float")),
-        ("fold_qdq", P.fold_qdq_module),
-        ("propagate_layout", P.propagate_layout_module),
-        ("row_ops", P.row_ops_module),
-        ("through_concat", P.through_concat_module),
-        ("lookup_tables", lambda m: P.lookup_tables_module(m, spec)),
-        ("integer_binary", P.integer_binary_module),
-        ("lookup_epilogue", lambda m: P.lookup_epilogue_module(m, spec)),
-        ("float_gemm", lambda m: P.float_gemm_module(m, spec)),
-        ("fast_math", relax.transform.FastMathTransform()),
-        ("finite_quantize", P.finite_quantize_module),
-        ("integer_mean", P.integer_mean_module),
-        ("dequantize_per_use", P.dequantize_per_use_module),
-        ("checked_indices", P.checked_indices_module),
+        *P.rewrites(spec),
         ("legalize", tvm.transform.Sequential([relax.transform.DeadCodeElimination(),
                                                relax.transform.LegalizeOps(customize_legalize_map=P.LEGALIZE),
                                                relax.transform.AnnotateTIROpPattern()])),

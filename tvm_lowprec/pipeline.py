@@ -110,28 +110,47 @@ def high_level(mod, spec, requant_mode: str = "float", fast_math: bool = True, t
     return schedule_module(spec, tuned)(fused_module(mod, spec, requant_mode, fast_math, weight_only))
 
 
+# the last rewrites of phase 1, in order: a normalization's statistics and the means of 8-bit tensors as
+# integer sums of their codes, quantize/dequantize pairs inside float chains in float32, NaN-safe
+# quantization, a shared dequantize copied into each reader
+FINISH = (("norm_stats", norm_stats_module), ("integer_mean", integer_mean_module), ("float_qdq", float_qdq_module),
+          ("finite_quantize", finite_quantize_module), ("dequantize_per_use", dequantize_per_use_module))
+
+
+def rewrites(spec, requant_mode: str = "float", fast_math: bool = True, weight_only=None) -> list:
+    """Phase 1, in order: ``(name, module -> module)`` (``benchmarks/compile_phases.py`` times each)."""
+    return [
+        ("weight_only", lambda m: weight_only_module(m, spec, weight_only)),
+        ("depthwise_multiplier", depthwise_multiplier_module),
+        ("qdq_to_integer", lambda m: rewrite_module(m, spec, requant_mode)),
+        ("fold_qdq", fold_qdq_module),
+        ("batch_norm", batch_norm_module),
+        ("propagate_layout", propagate_layout_module),
+        ("row_ops", row_ops_module),
+        ("through_concat", through_concat_module),
+        ("lookup_tables", lambda m: lookup_tables_module(m, spec)),
+        ("integer_binary", integer_binary_module),
+        ("lookup_epilogue", lambda m: lookup_epilogue_module(m, spec)),
+        ("float_gemm", lambda m: float_gemm_module(m, spec)),  # last of the rewrites: only what stayed float
+        *([("fast_math", fast_math_module)] if fast_math else []),
+        *FINISH,
+        ("checked_indices", checked_indices_module),  # a Gather's run-time indices raise out of range
+    ]
+
+
 def fused_module(mod, spec, requant_mode: str = "float", fast_math: bool = True, weight_only=None):
     """Phases 1-2: the module whose PrimFuncs are the kernels to schedule (or to tune).
     ``weight_only``: a :class:`~tvm_lowprec.quant.weight_only.WeightOnlyConfig` (default: float activations)."""
-    mod = weight_only_module(mod, spec, weight_only)
-    mod = rewrite_module(depthwise_multiplier_module(mod), spec, requant_mode)
-    mod = propagate_layout_module(batch_norm_module(fold_qdq_module(mod)))
-    mod = integer_binary_module(lookup_tables_module(through_concat_module(row_ops_module(mod)), spec))
-    mod = lookup_epilogue_module(mod, spec)
-    mod = float_gemm_module(mod, spec)  # last of the rewrites: only what stayed float
-    if fast_math:
-        mod = fast_math_module(mod)
-    mod = finish_module(mod)
-    mod = checked_indices_module(mod)  # a Gather's run-time indices raise out of range, never read past the table
+    for _, rewrite in rewrites(spec, requant_mode, fast_math, weight_only):
+        mod = rewrite(mod)
     return legalize_and_fuse(mod)
 
 
 def finish_module(mod):
-    """The last rewrites of phase 1: a normalization's statistics and the means of 8-bit tensors as
-    integer sums of their codes, quantize/dequantize pairs inside float chains in float32, NaN-safe
-    quantization, a shared dequantize copied into each reader."""
-    mod = float_qdq_module(integer_mean_module(norm_stats_module(mod)))
-    return dequantize_per_use_module(finite_quantize_module(mod))
+    """The :data:`FINISH` rewrites (``transform.Finish``)."""
+    for _, rewrite in FINISH:
+        mod = rewrite(mod)
+    return mod
 
 
 def legalize_and_fuse(mod):

@@ -88,7 +88,7 @@ _RULES = {
 }
 
 
-class _Bounds:
+class Bounds:
     """``bound(expr)``: an upper bound of ``|value|`` over every element, or ``inf`` when unknown (NaN
     possible). ``lookup`` maps a var to the expression bound to it (None for a function parameter)."""
 
@@ -135,7 +135,7 @@ class _Bounds:
 class _Legalizer(relax.PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
-        self.bounds = _Bounds(self.lookup_binding, lambda gvar: self.builder_.get()[gvar])
+        self.bounds = Bounds(self.lookup_binding, lambda gvar: self.builder_.get()[gvar])
         self.without_test = 0
 
     def visit_call_(self, call):

@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .finite_quantize import UNBOUNDED, _Bounds
+from .finite_quantize import UNBOUNDED, Bounds
 from .patterns import bindings, constant, dtype_of, mutate_relax_functions, op
 from .requant import qrange
 
@@ -72,8 +72,7 @@ def _scalar(expr, lookup):
 class _FloatPairs(relax.PyExprMutator):
     def __init__(self, mod, pairs):
         super().__init__(mod)
-        self.pairs, self.bounds = pairs, _Bounds(self.lookup_binding, lambda gvar: self.builder_.get()[gvar])
-        self.rewritten = 0
+        self.pairs, self.bounds = pairs, Bounds(self.lookup_binding, lambda gvar: self.builder_.get()[gvar])
 
     def visit_call_(self, call):
         internal = call.__chandle__() in self.pairs  # the call as written (args not yet rewritten)
@@ -95,7 +94,6 @@ class _FloatPairs(relax.PyExprMutator):
         lo, hi = qrange(out_dtype)
         scale = relax.const(np.float32(s), "float32")
         steps = relax.op.round(relax.op.divide(q.args[0], scale))  # round: to nearest even, as rint
-        self.rewritten += 1
         return relax.op.multiply(relax.op.clip(steps, float(lo - int(z)), float(hi - int(z))), scale)
 
 
