@@ -21,12 +21,20 @@ from .qgemm import quantize_linear, target_round_to_int
 MAX_ROW = (2**31 - 1) // (255 * 255)  # the squares' int32 sum stays exact
 
 
-def code_moments(s1, s2, count: int, in_scale: float, epsilon: float, shape, prefix: str, together: bool = False):
+def code_sums(shape, code, axes, name: str):
+    """Int32 sums of ``code(i, axes)`` and of its square over the reduce axes ``axes`` at each position
+    ``i`` of ``shape``: one block computing both, so each code is read and widened once."""
+    pair_sum = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
+                               lambda t0, t1: (tirx.const(0, t0), tirx.const(0, t1)), name="pair_sum")
+    return te.compute(shape, lambda *i: pair_sum((code(i, axes), code(i, axes) * code(i, axes)), axis=axes), name=name)
+
+
+def code_moments(s1, s2, count: int, in_scale: float, epsilon: float, shape, prefix: str):
     """From ``s1``, ``s2`` (int32 sums of ``count`` codes and of their squares, at each position of
     ``shape``): ``<prefix>_mean``, the codes' mean (float32), and ``<prefix>_factor``,
     ``a = s / sqrt(s² var_q + eps)`` (float32, computed in float64), so that the normalized value of a
     code ``q`` is ``(q - mean) * a``. The variance of the codes is that of the values over ``s²``; a
-    zero point cancels in it. ``together``: one block computes both (``<prefix>_moments``)."""
+    zero point cancels in it."""
     s64, eps64 = tirx.const(float(in_scale), "float64"), tirx.const(float(epsilon), "float64")
 
     def mean(*i):
@@ -37,8 +45,6 @@ def code_moments(s1, s2, count: int, in_scale: float, epsilon: float, shape, pre
         var = s2[i].astype("float64") / float(count) - m * m
         return (s64 / tirx.sqrt(s64 * s64 * tirx.max(var, 0.0) + eps64)).astype("float32")
 
-    if together:  # one block writing both (both outputs of a kernel: a block can be moved only as a producer)
-        return tuple(te.compute(shape, lambda *i: [mean(*i).astype("float32"), factor(*i)], name=f"{prefix}_moments"))
     return (te.compute(shape, lambda *i: mean(*i).astype("float32"), name=f"{prefix}_mean"),
             te.compute(shape, factor, name=f"{prefix}_factor"))
 
@@ -59,9 +65,7 @@ def build_qlayernorm(shape, in_dtype: str, in_scale: float, in_zero_point: int, 
     def centred(i):
         return x[i].astype("int32") - z
 
-    j, k = te.reduce_axis((0, n), "j"), te.reduce_axis((0, n), "k")
-    s1 = te.compute(lead, lambda *i: te.sum(centred((*i, j)), axis=j), name="row_sum")
-    s2 = te.compute(lead, lambda *i: te.sum(centred((*i, k)) * centred((*i, k)), axis=k), name="row_sum_sq")
+    s1, s2 = code_sums(lead, lambda i, r: centred((*i, r[0])), [te.reduce_axis((0, n), "j")], "row_sums")
     mean_q, a = code_moments(s1, s2, n, in_scale, epsilon, lead, "row")
     def out(*i):
         y = (centred(i).astype("float32") - mean_q[i[:-1]]) * a[i[:-1]] * gamma[i[-1]] + beta[i[-1]]

@@ -13,9 +13,9 @@ per-position values are computed once, not once per element of their consumer.
 
 from __future__ import annotations
 
-from tvm import te, tirx
+from tvm import te
 
-from .qlayernorm import MAX_ROW, code_moments
+from .qlayernorm import MAX_ROW, code_moments, code_sums
 
 
 def build_qnorm_stats(shape, axes, in_dtype: str, in_scale: float, epsilon: float, name: str = "qnorm_stats"):
@@ -33,19 +33,13 @@ def build_qnorm_stats(shape, axes, in_dtype: str, in_scale: float, epsilon: floa
     kept = tuple(1 if i in axes else n for i, n in enumerate(shape))
     x = te.placeholder(shape, in_dtype, name="x")
 
-    def reduced(name):
-        return [te.reduce_axis((0, shape[a]), f"{name}{a}") for a in axes]
-
     def at(i, over):
         index, it = list(i), iter(over)
         for a in axes:
             index[a] = next(it)
         return x[tuple(index)].astype("int32")
 
-    r = reduced("r")
-    pair_sum = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
-                               lambda t0, t1: (tirx.const(0, t0), tirx.const(0, t1)), name="pair_sum")
-    s1, s2 = te.compute(kept, lambda *i: pair_sum((at(i, r), at(i, r) * at(i, r)), axis=r), name="norm_sums")
+    s1, s2 = code_sums(kept, at, [te.reduce_axis((0, shape[a]), f"r{a}") for a in axes], "norm_sums")
     mean, factor = code_moments(s1, s2, count, in_scale, epsilon, kept, "norm")
     func = te.create_prim_func([x, mean, factor])
     # |mean| <= the largest code; 0 < factor <= s / sqrt(eps): the values after it are bounded (no NaN test)

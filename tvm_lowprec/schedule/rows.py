@@ -10,8 +10,8 @@
 :func:`~tvm_lowprec.kernels.qsoftmax.build_qsoftmax`: row maximum, the row of exponentials, their sum
 (along an axis that is not the last, the DFL head's bins: the strided rule's nest,
 :func:`~tvm_lowprec.schedule.strided.schedule_strided`, vectors along the innermost axis).
-:func:`~tvm_lowprec.kernels.qlayernorm.build_qlayernorm`: integer sums of the row and of its squares,
-then the row's mean and normalizing factor. A row whose length no vector width divides keeps its
+:func:`~tvm_lowprec.kernels.qlayernorm.build_qlayernorm`: integer sums of the row and of its squares
+(one block, one read of each code), then the row's mean and normalizing factor. A row whose length no vector width divides keeps its
 reductions scalar.
 
 The partial sums change the order a float reduction (the softmax's row sum) adds in: within float
@@ -119,7 +119,7 @@ class RowOpRule:
 
     PRODUCERS = {
         "qsoftmax": ("row_scale", "row_sum", "exp", "row_max"),
-        "qlayernorm": ("row_factor", "row_mean", "row_sum_sq", "row_sum"),
+        "qlayernorm": ("row_factor", "row_mean", "row_sums"),
     }
     def apply(self, func, spec):
         op = func.attrs.get("lowprec.op", None) if func.attrs is not None else None
