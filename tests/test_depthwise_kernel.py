@@ -73,6 +73,7 @@ GEOMETRIES = {
     "24ch-5x5-batch2": dict(c=24, hw=(11, 9), k=5, s=2, pads=(2, 1, 1, 2), batch=2),
     # channel counts no vector width divides (MixNet's 90 and 300): whole vectors and a partitioned tail
     "90ch-7x7-ragged": dict(c=90, hw=(8, 8), k=7, pads=(3, 3, 3, 3)),
+    "90ch-9x9-border-only": dict(c=90, hw=(8, 8), k=9, pads=(4, 4, 4, 4)),  # no interior: no row/column partition
     "300ch-5x5-s2-ragged": dict(c=300, hw=(7, 6), k=5, s=2, pads=(2, 2, 2, 2)),
     "20ch-ragged": dict(c=20, hw=(9, 9), k=3),
 }
@@ -187,7 +188,7 @@ def test_ragged_channels_get_whole_vectors_and_a_partitioned_tail():
     """90 channels: no vector width divides them; the channel loops are split by the row's lanes with
     a partitioned tail, so the interior is vector code (zmm on AVX-512) instead of scalar loops."""
     spec = resolve_target("native")
-    g = _geometry(90, (8, 8), 9, pads=(4, 4, 4, 4))
+    g = _geometry(90, (16, 16), 3)
     sch = DepthwiseRule().apply(build_depthwise(DepthwiseProblem(g, "uint8", Epilogue("requant", "uint8")), "dw"), spec)
     splits = [inst for inst in sch.trace.insts if inst.kind.name == "Split"]
     assert any(spec.gemm.lanes in [int(getattr(f, "value", -1)) for f in inst.inputs[1:]] for inst in splits)
@@ -195,6 +196,20 @@ def test_ragged_channels_get_whole_vectors_and_a_partitioned_tail():
              and "pragma_loop_partition_hint" in str(inst.attrs)]
     assert len(hints) == 4  # rows, column steps, and the channel vectors of the sum and of the epilogue
     assert [inst.kind.name for inst in sch.trace.insts].count("Vectorize") >= 3
+
+
+@pytest.mark.parametrize("hw, k, pad, partitioned", [((8, 8), 9, 4, False), ((8, 8), 7, 3, False), ((8, 8), 5, 2, True),
+                                                     ((8, 8), 3, 1, True), ((4, 4), 9, 4, False)])
+def test_rows_and_columns_are_partitioned_only_where_the_interior_is_most_of_them(hw, k, pad, partitioned):
+    """MixNet's 9x9 window over an 8x8 input has no output row whose taps all lie inside: LoopPartition
+    made a copy of the body per border case (3.9 s of TVM's TIR passes for one kernel) for a border
+    that is all the work. Under half the rows (columns) interior, that loop keeps its selects."""
+    spec = resolve_target("native")
+    g = _geometry(32, hw, k, pads=(pad,) * 4)
+    sch = DepthwiseRule().apply(build_depthwise(DepthwiseProblem(g, "uint8", Epilogue("requant", "uint8")), "dw"), spec)
+    hints = [inst for inst in sch.trace.insts if inst.kind.name == "Annotate"
+             and "pragma_loop_partition_hint" in str(inst.attrs)]
+    assert len(hints) == (2 if partitioned else 0)
 
 
 # The four-taps-a-lane kernel (kernels/depthwise_dot.py): every CPU row whose GEMM instruction has a

@@ -20,7 +20,8 @@ The ``U`` pixels of a step share input columns (with stride 1, ``U + KW - 1`` lo
 instead of ``U * KW``). The taps read the unpadded input through a ``Select``
 (:mod:`tvm_lowprec.kernels.depthwise`); ``pragma_loop_partition_hint`` on ``oh`` and ``owo`` makes TVM's
 LoopPartition split off the border rows and column steps, so the interior, nearly all the work, has
-no selects and no padded copy of the input is made. Channels that no vector width divides (MixNet's
+no selects and no padded copy of the input is made. Where the interior is under half of a loop (a 9x9
+window over an 8x8 input has none) that loop keeps its selects: no copies of the body for the borders. Channels that no vector width divides (MixNet's
 90 and 300) are split by the row's lanes all the same, with the hint on the channel loops too: the
 whole vectors run as vector code and LoopPartition leaves the last, partial one its own scalar loop.
 Fewer channels than one vector get the same nest without vectors.
@@ -37,6 +38,31 @@ from .blocks import find_block
 def _vector_lanes(channels: int, lanes: int) -> int | None:
     """A full int32 register of channels, or half of one (24 channels on AVX-512), or None."""
     return next((n for n in (lanes, lanes // 2) if n >= 4 and channels % n == 0), None)
+
+
+# The least share of output rows (columns) whose taps are all inside the input for which the row (column)
+# loop is partitioned. Below it the border is most of the work, and LoopPartition's copies of the body,
+# one per distinct border case, cost compile time for little: MixNet's 90x8x8 9x9 depthwise (pad 4: no
+# interior row) took 3.9 s in TVM's TIR passes.
+MIN_INTERIOR = 0.5
+
+
+def _interior(out_n: int, in_n: int, kernel: int, stride: int, dilation: int, before: int) -> int:
+    """Output positions along one axis whose every tap lies inside the input."""
+    first = -(-before // stride)
+    last = min(out_n - 1, (in_n - 1 - (kernel - 1) * dilation + before) // stride)
+    return max(0, last - first + 1)
+
+
+def _interior_shares(func) -> tuple[float, float]:
+    """The shares of interior output rows and columns (1.0 where the kernel does not say its window)."""
+    shape, conv = func.attrs.get("lowprec.shape", None), func.attrs.get("lowprec.conv", None)
+    if shape is None or conv is None:
+        return 1.0, 1.0
+    _, oh_n, ow_n, _, kh_n, kw_n = (int(v) for v in shape)
+    sh, sw, dh, dw, top, left = (int(v) for v in conv)
+    _, h_n, w_n, _ = (int(v) for v in func.params[0].shape)  # x, NHWC
+    return (_interior(oh_n, h_n, kh_n, sh, dh, top) / oh_n, _interior(ow_n, w_n, kw_n, sw, dw, left) / ow_n)
 
 
 class DepthwiseRule:
@@ -59,8 +85,9 @@ class DepthwiseRule:
             sch.annotate(co, "pragma_loop_partition_hint", 1)
         sch.reorder(owo, co, kh, kw, owi, *([ci] if lanes else []))
         sch.parallel(oh)
-        for loop in (oh, owo):  # border steps keep the selects, the interior loses them
-            sch.annotate(loop, "pragma_loop_partition_hint", 1)
+        for loop, interior in zip((oh, owo), _interior_shares(func)):
+            if interior >= MIN_INTERIOR:  # border steps keep the selects, the interior loses them
+                sch.annotate(loop, "pragma_loop_partition_hint", 1)
         sch.reverse_compute_at(epilogue, owo)
         sch.unroll(kw)
         sch.unroll(owi)
