@@ -7,6 +7,7 @@ python benchmarks/zoo.py --quick                                  # a few small 
 python benchmarks/zoo.py --models resnet50,bert_4l --threads 1,2  # chosen models, full input sizes
 python benchmarks/zoo.py --models yolov8n --small --s8s8 --out /tmp/zoo
 python benchmarks/zoo.py --list
+python benchmarks/zoo.py --small --timeout 480 --check        # the bars as a gate: exit 1 when one fails
 
 Each model runs in its own process (``zoo/runner.py``): build (export with random weights, ORT's
 ``quant_pre_process`` and ``quantize_static``, cached in ``--cache``), ORT's QDQ graph as written
@@ -41,7 +42,7 @@ from tvm_lowprec.bench.hostinfo import collect_metadata, cpu_info, llvm_host_cpu
 from tvm_lowprec.bench.quiesce import thread_policy  # noqa: E402
 from tvm_lowprec.bench.report import _bar_panels, json_safe, write_csv  # noqa: E402
 from zoo.common import log  # noqa: E402
-from zoo import runner  # noqa: E402
+from zoo import checks, runner  # noqa: E402
 from zoo.runner import RunConfig, run_isolated  # noqa: E402
 
 RUNTIMES = {"tvm-lowprec": "tvm-lowprec INT8", "ort-int8": "ORT INT8", "ort-fp32": "ORT FP32"}
@@ -68,9 +69,7 @@ def default_out() -> Path:
 
 # ---------------------------------------------------------------- rows and tables
 
-def _ms(result: dict, runtime: str, threads: int) -> float | None:
-    cell = (result.get("times") or {}).get(str(threads), {}).get(runtime)
-    return cell["ms"] if cell else None
+_ms = checks.ms
 
 
 def flat_row(result: dict, threads: list[int]) -> dict:
@@ -206,7 +205,7 @@ def header(meta: dict) -> list[str]:
 
 
 def render(results: list[dict], meta: dict, threads: list[int], plot: bool) -> str:
-    lines = header(meta) + main_table(results, threads) + [""]
+    lines = header(meta) + main_table(results, threads) + ["", checks.geomean_line(results, threads), ""]
     kernels = kernel_lines(results)
     if len(kernels) > 2:
         lines += ["## Slowest tvm-lowprec kernels (1 thread, each timed alone: `Compiled.profile(isolated=True)`)",
@@ -222,6 +221,11 @@ def render(results: list[dict], meta: dict, threads: list[int], plot: bool) -> s
     failures = failure_lines(results)
     if failures:
         lines += ["## Failures", "", *failures, ""]
+    failed = checks.check_lines(results, threads)
+    lines += ["## Checks (`--check` exits 1 when any fails)", "",
+              *([f"- {c}" for c in failed] or ["All passed: every model ok and at least "
+                                               f"{checks.MIN_RATIO:g}x ORT INT8, geometric mean at least {checks.MIN_GEOMEAN:g}x, "
+                                               "no kernel unscheduled or over the copy-cost limit."]), ""]
     if plot:
         lines += ["![tvm-lowprec latency / ONNX Runtime latency](report.png)", ""]
     return "\n".join(lines)
@@ -268,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(checked against ORT FP32: cosine >= 0.99); ORT INT8 is ORT's file either way")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a check fails (a model not ok or under 1x ORT INT8, the geometric mean under "
+                             "1.5x, a kernel unscheduled or over the copy-cost limit): the report's Checks section")
     return parser
 
 
@@ -303,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     report = render(results, meta, args.threads, plotted)
     (out / "report.md").write_text(report + "\n")
     print(report)
-    return 0
+    return 1 if args.check and checks.check_lines(results, args.threads) else 0
 
 
 if __name__ == "__main__":

@@ -79,3 +79,27 @@ def test_crash_is_a_row(tmp_path):
     result = run_isolated("no_such_model", RunConfig(timing=None), 120, tmp_path / "x.log")
     assert result["status"] == "crashed"
     assert "exit code" in result["error"] or "without a result" in result["error"]
+
+
+def _result(model, tvm_ms, ort_ms, status="ok", unscheduled=(), kernels=()):
+    return {"model": model, "status": status, "stage": "done", "unscheduled": list(unscheduled),
+            "times": {"1": {"tvm-lowprec": {"ms": tvm_ms}, "ort-int8": {"ms": ort_ms}}},
+            "profile_top": [{"name": n, "ms": ms, "pct_copy": pct} for n, ms, pct in kernels]}
+
+
+def test_the_zoo_check_names_every_bar_a_run_misses():
+    """``zoo.py --check``: the issue's bars on a run's results (no timing here: results as a run writes them)."""
+    from zoo import checks as script
+    good = [_result("a", 1.0, 2.0, kernels=[("gemm", 0.5, None), ("copy", 0.1, 40.0)]), _result("b", 1.0, 1.6)]
+    assert script.check_lines(good, [1]) == []
+    assert "2.00x" not in script.geomean_line(good, [1]) and "1.79x" in script.geomean_line(good, [1])
+    bad = [_result("slow", 1.0, 0.9), _result("wrong", 1.0, 3.0, status="mismatch"),
+           _result("serial", 1.0, 3.0, unscheduled=["fused_sum"]),
+           _result("strided", 1.0, 3.0, kernels=[("fused_variance", 0.05, 5.9), ("tiny", 0.001, 1.0)])]
+    lines = script.check_lines(bad, [1])
+    assert any("`slow`" in line and "0.90x" in line for line in lines)
+    assert any("`wrong`" in line and "mismatch" in line for line in lines)
+    assert any("`serial`" in line and "fused_sum" in line for line in lines)
+    assert any("fused_variance" in line for line in lines) and not any("tiny" in line for line in lines)
+    assert len(lines) == 4  # geometric mean 2.01x: above its bar
+    assert any("geometric mean" in line for line in script.check_lines([_result("x", 1.0, 1.2)], [1]))
