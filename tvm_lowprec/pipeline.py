@@ -13,8 +13,10 @@
    convolutions left with constant weights as packed FMA kernels (:mod:`~tvm_lowprec.quant.float_gemm`),
    and, optionally, TVM's FastMathTransform for the float operators left between quantized ones; last,
    a normalization's statistics (:mod:`~tvm_lowprec.quant.norm_stats`) and the means of 8-bit
-   tensors (:mod:`~tvm_lowprec.quant.integer_mean`) as integer sums of the codes, and a shared
-   dequantize copied into each reader (:mod:`~tvm_lowprec.quant.dequantize_per_use`)
+   tensors (:mod:`~tvm_lowprec.quant.integer_mean`) as integer sums of the codes, quantize/dequantize
+   pairs inside float chains in float32 (:mod:`~tvm_lowprec.quant.float_qdq`), NaN-safe quantization
+   (:mod:`~tvm_lowprec.quant.finite_quantize`) and a shared dequantize copied into each reader
+   (:mod:`~tvm_lowprec.quant.dequantize_per_use`): :data:`FINISH`
 2. legalize and fuse: TVM's LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR
 3. schedule: every PrimFunc goes through the schedule rules (:mod:`tvm_lowprec.schedule`)
 4. lower: TVM's CPU dataflow-lowering and finalize passes (memory planning, VM lowering)

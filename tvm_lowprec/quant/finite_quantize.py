@@ -122,7 +122,6 @@ class Bounds:
             return value if value <= LIMIT else UNBOUNDED
         return UNBOUNDED
 
-
     def _kernel(self, gvar) -> float:
         """A kernel that declares a bound of its outputs' magnitudes (``lowprec.bound``, a normalization's
         statistics), else unbounded."""

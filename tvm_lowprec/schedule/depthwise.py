@@ -21,10 +21,11 @@ instead of ``U * KW``). The taps read the unpadded input through a ``Select``
 (:mod:`tvm_lowprec.kernels.depthwise`); ``pragma_loop_partition_hint`` on ``oh`` and ``owo`` makes TVM's
 LoopPartition split off the border rows and column steps, so the interior, nearly all the work, has
 no selects and no padded copy of the input is made. Where the interior is under half of a loop (a 9x9
-window over an 8x8 input has none) that loop keeps its selects: no copies of the body for the borders. Channels that no vector width divides (MixNet's
-90 and 300) are split by the row's lanes all the same, with the hint on the channel loops too: the
-whole vectors run as vector code and LoopPartition leaves the last, partial one its own scalar loop.
-Fewer channels than one vector get the same nest without vectors.
+window over an 8x8 input has none) that loop keeps its selects: no copies of the body for the borders.
+Channels that no vector width divides (MixNet's 90 and 300) are split by the row's lanes all the same,
+with the hint on the channel loops too: the whole vectors run as vector code and LoopPartition leaves
+the last, partial one its own scalar loop. Fewer channels than one vector get the same nest without
+vectors.
 """
 
 from __future__ import annotations

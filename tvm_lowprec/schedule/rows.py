@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
-from .strided import _LONG_WALK, _STRIP, schedule_strided
+from .strided import schedule_strided, strip_of
 
 _LANES = (16, 8)  # float32 lanes per vector step: two ymm registers (one zmm), else one ymm
 
@@ -93,7 +93,7 @@ def _schedule_column_moments(func):
     for loop in reduced:
         walk *= _extent(sch, loop)
     lanes = next((v for v in _LANES if inner % v == 0), 1)
-    strip = next((k for k in _STRIP if walk >= _LONG_WALK and inner % (k * lanes) == 0 and inner // (k * lanes) >= 2), 1)
+    strip = strip_of(walk, inner, lanes)
     vec_outer, vec = sch.split(spatial[-1], [None, strip * lanes])
     sch.reorder(*spatial[:-1], vec_outer, *reduced, vec)
     outer = sch.fuse(*spatial[:-1], vec_outer) if len(spatial) > 1 else vec_outer

@@ -33,6 +33,13 @@ _LONG_WALK = 256
 _STRIP = (4, 2)
 
 
+def strip_of(walk: int, inner: int, lanes: int) -> int:
+    """Vectors per parallel iteration for ``walk`` reduced elements per output and an innermost axis of
+    ``inner``: a strip of :data:`_STRIP` vectors on a long walk where it divides and leaves two
+    iterations, else one."""
+    return next((k for k in _STRIP if walk >= _LONG_WALK and inner % (k * lanes) == 0 and inner // (k * lanes) >= 2), 1)
+
+
 def _vars(expr) -> list:
     from tvm.tirx.analysis import undefined_vars
 
@@ -101,7 +108,7 @@ def schedule_strided(func):
     walk = 1
     for l in across:
         walk *= int(sch.get(l).extent.value)
-    strip = next((k for k in _STRIP if walk >= _LONG_WALK and inner % (k * lanes) == 0 and inner // (k * lanes) >= 2), 1)
+    strip = strip_of(walk, inner, lanes)
     vec_outer, vec = sch.split(loops[-1], [None, strip * lanes])
     sch.reorder(*others, vec_outer, *across, vec)
     outer = sch.fuse(*others, vec_outer) if others else vec_outer
