@@ -16,9 +16,10 @@ class DlightRule:
     norm of one group (mobilevit-v2: the mean of a whole 1x1x65536 tensor, then a normalize) has none
     in common, and the rule computed the 65536-point sum once per output element: 10.6 s for a kernel
     that runs in 0.07 ms unscheduled (the generic rule takes it instead). It also declines a reduction
-    to a single value over a long axis (:data:`LONG_SINGLE_REDUCTION` points and up: that group norm's
-    variance), which dlight leaves one serial chain of scalar adds: 30 us for 16384 points, against
-    2.1 us as the generic rule's vector partial sums."""
+    to a single value (:func:`_single_value_reduction`: a group norm's variance), which dlight leaves one
+    serial chain of scalar adds over separate passes: against the generic rule's vector partial sums
+    (Zen 4, one thread, mean then variance then sqrt) 0.17 / 0.03 us at 128 points, 3.50 / 0.23 us at
+    2048 (mobilevit-v2's last group norm, 4 % of copy bandwidth), 7.1 / 0.48 us at 4096."""
 
     def __init__(self, rule, own_ops: bool = False, no_recompute: bool = False):
         self.rule = rule
@@ -36,19 +37,13 @@ class DlightRule:
             sch = self.rule.apply(func, target, False)
         if isinstance(sch, list):
             sch = sch[0] if sch else None
-        if sch is not None and self.no_recompute and (_recomputes_a_reduction(sch) or _long_single_reduction(sch)):
+        if sch is not None and self.no_recompute and (_recomputes_a_reduction(sch) or _single_value_reduction(sch)):
             return None
         return sch
 
 
-LONG_SINGLE_REDUCTION = 4096
-
-
-def _long_single_reduction(sch) -> bool:
-    """Whether some reduction block writes one value from at least :data:`LONG_SINGLE_REDUCTION` points
-    (static extents only)."""
-    import math
-
+def _single_value_reduction(sch) -> bool:
+    """Whether some reduction block writes one value (every spatial extent 1; static extents only)."""
     from .blocks import root_children
 
     _, blocks = root_children(sch)
@@ -57,9 +52,7 @@ def _long_single_reduction(sch) -> bool:
         extents = [int(iv.dom.extent.value) if hasattr(iv.dom.extent, "value") else None for iv in ivs]
         if None in extents or not any(iv.iter_type == 2 for iv in ivs):
             continue
-        spatial = [e for iv, e in zip(ivs, extents) if iv.iter_type == 0]
-        reduced = [e for iv, e in zip(ivs, extents) if iv.iter_type == 2]
-        if all(e == 1 for e in spatial) and math.prod(reduced) >= LONG_SINGLE_REDUCTION:
+        if all(e == 1 for iv, e in zip(ivs, extents) if iv.iter_type == 0):
             return True
     return False
 
