@@ -70,9 +70,10 @@ def _warn_dynamic(inputs) -> None:
         if any(not isinstance(d, int) for d in spec.shape):
             fixed = [d if isinstance(d, int) else "..." for d in spec.shape]
             warnings.warn(
-                f"input {spec.name!r} has dynamic dimension(s) {list(spec.shape)}: the integer kernels need static "
-                f"shapes, so the operators it feeds stay on TVM's generic path; fix them with "
-                f"from_onnx(model, shape_dict={{{spec.name!r}: {fixed}}})",
+                f"input {spec.name!r} has dynamic dimension(s) {list(spec.shape)}: one compile serves every size, "
+                f"the integer GEMMs with their rows known at run time, but the other integer kernels (convolutions, "
+                f"attention, row operators) need static shapes and the operators it feeds stay on the generic "
+                f"schedule; fix them for those with from_onnx(model, shape_dict={{{spec.name!r}: {fixed}}})",
                 stacklevel=4,
             )
 

@@ -27,8 +27,8 @@ def call_ops(attrs) -> int | None:
     too, and the float GEMMs': FP32, its implicit-GEMM convolutions, BF16, FP8 weights), a depthwise
     convolution's output size times its window. None for the kernels not in :data:`COMPUTE_OPS`."""
     op, shape = attrs.get("lowprec.op", None), attrs.get("lowprec.shape", None)
-    if op not in COMPUTE_OPS or shape is None:
-        return None
+    if op not in COMPUTE_OPS or shape is None or not all(isinstance(s, int) or hasattr(s, "value") for s in shape):
+        return None  # not a GEMM, or a symbolic M: its work is known at run time
     count = 2 * math.prod(int(s) for s in shape)
     return count * max(int(attrs.get("lowprec.batch", 0)), 1) if op == "qgemm" else count
 

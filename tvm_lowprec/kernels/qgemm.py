@@ -138,7 +138,9 @@ class QGemmProblem:
     rowsum_input: bool = False
 
     def __post_init__(self):
-        if min(self.m, self.n, self.k) < 1 or self.batch < 0:
+        if not isinstance(self.m, int) and (self.window is not None or self.batch or self.grouped):
+            raise ValueError(f"a symbolic M ({self.m}) is a plain GEMM's: no convolution window, batch or groups")
+        if min(self.m if isinstance(self.m, int) else 1, self.n, self.k) < 1 or self.batch < 0:
             raise ValueError(f"GEMM shape must be positive, got M={self.m} N={self.n} K={self.k}")
         w = self.window
         if w is not None and ((self.m, self.k) != (w.rows, w.depth) or self.row_term
@@ -153,8 +155,16 @@ class QGemmProblem:
             raise ValueError(f"K={self.k} could overflow the int32 accumulator")
 
 
-def _ceil(x: int, m: int) -> int:
+def _ceil(x, m: int):
+    """``x`` rounded up to a multiple of ``m``; a symbolic ``x`` (a TIR variable) gives the expression."""
+    if not isinstance(x, int):
+        return tirx.floordiv(x + (m - 1), m) * m
     return (x + m - 1) // m * m
+
+
+# The M a layout is chosen for where M is symbolic (a prompt's tokens times the batch, known at run
+# time): the tile of a GEMM with many rows (the tile table's rows for small M are GEMV forms)
+SYMBOLIC_ROWS = 256
 
 
 _CHAIN_STEPS = 4  # K steps from which a narrow GEMM's tile grows in M to keep its accumulators
@@ -303,12 +313,15 @@ class GemmLayout:
     @staticmethod
     def _choose_cpu(problem: QGemmProblem, spec: TargetSpec, b_signed=None) -> "GemmLayout":
         recipe = spec.recipe_for(b_signed, problem.n)
-        tile = recipe.tile_for(problem.m)
+        symbolic = not isinstance(problem.m, int)
+        tile = recipe.tile_for(SYMBOLIC_ROWS if symbolic else problem.m)
         gi = recipe.intrin
         operand = gi.operand(problem.a_dtype)
         kp = _ceil(problem.k, gi.kstep)
         kblock = tile.kblock if tile.kblock and tile.kblock < kp and kp % tile.kblock == 0 else 0
-        layout = tile_layout(gi, operand, tile, problem.m, problem.n, kp, kblock)
+        layout = tile_layout(gi, operand, tile, SYMBOLIC_ROWS if symbolic else problem.m, problem.n, kp, kblock)
+        if symbolic:  # whole row tiles of an M known at run time: the last one's rows past M padded
+            return replace(layout, mp=_ceil(problem.m, layout.mr))
         if problem.window is None:
             return splittable_rows(rows_padding_less(layout, tile, problem.m), problem)
         mr = window_rows(layout.mr, problem.window.out_hw[1], layout.rows)
@@ -353,6 +366,8 @@ class GemmLayout:
     def needs_prepare(self, problem: QGemmProblem) -> bool:
         if problem.window is not None:  # read in place: rows past M clamp to the last one
             return self.a_storage != problem.a_dtype or self.kp != problem.k
+        if not isinstance(problem.m, int):  # a symbolic M: padded to whole row tiles
+            return True
         return self.a_storage != problem.a_dtype or self.mp != problem.m or self.kp != problem.k
 
 

@@ -12,7 +12,9 @@ epilogue. Anything that does not match stays as it is (float semantics, still co
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -495,11 +497,33 @@ def _gemm_input(builder, match: QGemmMatch, channels: int | None = None, window:
         x2 = _im2col(builder, match.x, g, match.x_zero_point, channels, window)
         return x2, (g.batch, *g.out_hw), NHWC_TO_NCHW  # [B*OH*OW, OC] -> NHWC -> NCHW
     xshape = static_shape(match.x)
-    if xshape is None or len(xshape) < 2:
-        return None, None, None  # dynamic shapes stay on the generic path
-    m = int(np.prod(xshape[:-1]))
+    if xshape is None:  # symbolic rows (a prompt's tokens): the GEMM's M is their product, K must be constant
+        xshape = symbolic_rows_shape(match.x)
+        if xshape is None:
+            return None, None, None  # no shape, or a symbolic K: the generic path
+        m = functools.reduce(operator.mul, xshape[:-1])
+    elif len(xshape) < 2:
+        return None, None, None
+    else:
+        m = int(np.prod(xshape[:-1]))
     x2 = match.x if len(xshape) == 2 else builder.emit(relax.op.reshape(match.x, (m, xshape[-1])))
     return x2, (xshape[:-1] if len(xshape) != 2 else None), None
+
+
+def symbolic_rows_shape(expr) -> tuple | None:
+    """The shape of ``expr`` where its last axis is a constant and some other is symbolic (ints and TIR
+    expressions), else None: an activation whose rows are known at run time only."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or len(shape) < 2 or not isinstance(shape[-1], tvm.tirx.IntImm):
+        return None
+    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in shape)
+
+
+def _rows_of(x2):
+    """The M of a 2-D GEMM input: an int, or for rows known at run time a fresh TIR variable (the
+    kernel's own; TVM binds it from the argument's shape at each call)."""
+    m = x2.ty.shape[0]
+    return int(m) if isinstance(m, tvm.tirx.IntImm) else tvm.tirx.Var("m", "int64")
 
 
 def emit_depthwise(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | None:
@@ -623,22 +647,22 @@ def emit_qgemm(builder, match: QGemmMatch, spec: TargetSpec) -> relax.Expr | Non
         flat = GemmLayout.choose(problem_for(match.conv.rows, k), spec, signed_weights(match.weight.values)[0])
         window = conv_window(match.conv, channels) if _reads_window(match, flat, channels, row_term) else None
     x2, out_lead, perm = _gemm_input(builder, match, channels, window is not None)
-    if x2 is None or (window is None and static_shape(x2)[-1] != k):
+    if x2 is None or (window is None and int(x2.ty.shape[-1]) != k):
         return None
-    m = static_shape(x2)[0] if window is None else window.rows
+    m = _rows_of(x2) if window is None else window.rows
     problem = replace(problem_for(m, k), window=window)
     layout = GemmLayout.choose(problem, spec, signed_weights(match.weight.values)[0])
     corr = gemm_corrections(match.weight.values, match.x_zero_point, match.weight.zero_point, layout.a_offset, match.bias_int)
     zcoef = zero_point_coefficient(match.weight.values, match.weight.zero_point) if runtime_za else None
     kind = "qconv2d" if match.conv is not None else "qgemm"
-    name = f"{kind}_{problem.a_dtype[0]}8_{m}x{n}x{k}_{problem.epilogue.kind}{'_dynzp' if runtime_za else ''}"
+    name = f"{kind}_{problem.a_dtype[0]}8_{m if isinstance(m, int) else 'M'}x{n}x{k}_{problem.epilogue.kind}{'_dynzp' if runtime_za else ''}"
     gvar = builder.add_func(build_qgemm(problem, layout, name).with_attr("op_pattern", 8), name)
     params = epilogue_params(problem, layout, corr.corr, corr.rowcoef, match.mult, fbias=match.fbias, zcoef=zcoef)
     args = [x2]
     if runtime_za:
         args.append(builder.emit(relax.op.reshape(relax.op.astype(match.x_zero_point_expr, "int32"), (1,))))
     args += [relax.const(pack_weights(corr.b_signed, layout))] + [relax.const(p) for p in params]
-    y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((m, n), problem.epilogue.out_dtype)))
+    y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((m if isinstance(m, int) else x2.ty.shape[0], n), problem.epilogue.out_dtype)))
     if out_lead is not None:
         y = builder.emit(relax.op.reshape(y, (*out_lead, n)))
     if perm is not None:

@@ -1,5 +1,6 @@
 """Schedule rules: each takes a PrimFunc and a TargetSpec and returns a Schedule, or None to decline."""
 
+from tvm import tirx
 from tvm.s_tir.dlight import cpu as _dlight_cpu
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight import gpu as _dlight_gpu
@@ -42,10 +43,21 @@ CUDA_RULES = (CudaQGemmRule(), CudaPackBRule(), DlightRule(_dlight_gpu.Reduction
 RULES = {"cpu": DEFAULT_RULES, "cuda": CUDA_RULES}
 
 
+def has_symbolic_shape(func) -> bool:
+    """Whether some buffer of ``func``'s parameters has a dimension that is not a constant (a symbolic
+    length: a prompt's tokens, a batch)."""
+    return any(not isinstance(d, tirx.IntImm) for p in func.params if hasattr(p, "shape") for d in p.shape)
+
+
 def schedule_func(func, spec, rules=None):
     """The first rule that accepts ``func`` schedules it; ``None`` when none does. ``rules``: the
-    spec's device's table (:data:`RULES`) unless given."""
+    spec's device's table (:data:`RULES`) unless given. A kernel with a symbolic shape goes only to
+    the rules that declare ``symbolic = True`` (they read extents that may be variables); the others
+    tile by constant extents and are not asked."""
+    symbolic = has_symbolic_shape(func)
     for rule in RULES[spec.device] if rules is None else rules:
+        if symbolic and not getattr(rule, "symbolic", False):
+            continue
         sch = rule.apply(func, spec)
         if sch is not None:
             return sch

@@ -57,7 +57,10 @@ _CHEAP = 12  # nodes of an expression that may be recomputed for every element o
 
 
 class GenericRule:
-    """Accepts any PrimFunc with blocks (``verify``: build the result once to check it)."""
+    """Accepts any PrimFunc with blocks (``verify``: build the result once to check it), symbolic
+    extents included (a loop of unknown extent is parallelized or left, never split by a constant)."""
+
+    symbolic = True
 
     def __init__(self, verify: bool = True):
         self.verify = verify

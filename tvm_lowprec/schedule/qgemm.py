@@ -31,7 +31,10 @@ def _is_qgemm(func) -> bool:
 
 
 class QGemmRule:
-    """Declines anything that is not a lowprec qgemm PrimFunc."""
+    """Declines anything that is not a lowprec qgemm PrimFunc. A symbolic M (rows known at run time)
+    is tiled as a constant one is: the layout pads it to whole row tiles."""
+
+    symbolic = True
 
     def apply(self, func, spec):
         if not _is_qgemm(func):
@@ -135,7 +138,7 @@ def tile_gemm(sch, mr, nr, k_blocks, intrin, lanes, kstep, batched=False, rows=1
             if whole_rows:
                 sch.annotate(q, WHOLE_ROWS, 1)
         else:
-            if runs is None and narrow:
+            if runs is None and narrow and _static(sch, mo):  # a symbolic M: the panels are the parallel loop
                 runs = row_runs(_extent(sch, mo))
             if runs is not None:
                 run, mo = sch.split(mo, runs)
@@ -213,14 +216,18 @@ def window_tiles_apply(func, mr: int) -> bool:
     """Whether :func:`tile_gemm` lays a qgemm's row tiles of ``mr`` along the output rows of its
     convolution window (:func:`_window_tiles`): a GEMM read through a window whose output width ``mr``
     divides, its M not padded (the layout's row tile divides M too)."""
-    out_w, m = _window_width(func), int(func.attrs["lowprec.shape"][0])
-    return out_w > 0 and out_w % mr == 0 and m % int(func.attrs["lowprec.tile"][0]) == 0
+    out_w = _window_width(func)
+    return out_w > 0 and out_w % mr == 0 and int(func.attrs["lowprec.shape"][0]) % int(func.attrs["lowprec.tile"][0]) == 0
 
 
 def _window_width(func) -> int:
     """The output width of a GEMM read through a convolution window (``lowprec.window``), else 0."""
     window = func.attrs.get("lowprec.window", None)
     return 0 if window is None else int(window[10])
+
+
+def _static(sch, loop) -> bool:
+    return hasattr(sch.get(loop).extent, "value")
 
 
 def _extent(sch, loop) -> int:
