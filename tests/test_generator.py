@@ -80,8 +80,9 @@ def test_generator_matches_ort_at_every_prompt_length(decoder, generator, length
 
 def test_one_compile_pair_serves_every_length(generator):
     """The two compiles are all there is: the cache is written in place (one small kernel per cache and
-    call shape) and never concatenated; the arrays the generator owns hold the written steps."""
-    for compiled, rows in ((generator.decode_model, 1), (generator.prefill_model, CHUNK)):
+    call shape: one row, or the prompt compile's rows known at each call, ``S``) and never concatenated;
+    the arrays the generator owns hold the written steps, and no more (a prompt is not padded)."""
+    for compiled, rows in ((generator.decode_model, 1), (generator.prefill_model, "S")):
         writes = [k for k in compiled.kernels() if k.name.startswith("kv_cache_write")]
         assert writes and all(k.name.endswith(f"_rows{rows}") for k in writes)
         assert all(k.schedule != "none" for k in compiled.kernels())
@@ -100,7 +101,7 @@ def test_one_compile_pair_serves_every_length(generator):
     generator.prefill([3, 4, 5])
     generator.step(6)
     for cache in generator.cache.values():
-        assert np.abs(cache[:, :, :4]).sum() > 0 and not cache[:, :, CHUNK:].any()
+        assert np.abs(cache[:, :, :4]).sum() > 0 and not cache[:, :, 4:].any()
 
 
 def test_generate_is_greedy_decoding(generator):

@@ -124,3 +124,74 @@ def test_a_torchscript_bert_with_dynamic_axes_compiles_once_and_matches(rng, tmp
     fixed = tvm_lowprec.compile(tvm_lowprec.from_onnx(model, shape_dict={"ids": (1, 16)}), target="native")
     ids = rng.integers(0, 256, (1, 16)).astype(np.int64)
     np.testing.assert_array_equal(compiled(ids), fixed(ids))
+
+
+@pytest.mark.parametrize("activations", ["float", "int8"])
+def test_a_4bit_matmul_takes_its_rows_at_run_time(activations, rng):
+    """ORT's MatMulNBits (block 32) over ``[seq, 96]``: one compile on the 4-bit kernel (named ``M``)
+    serves 1, 5 and 37 rows. With int8 activations (integer block sums) each row is what the kernel
+    compiled for that many rows gives exactly; with float ones the row tile differs (a GEMV form for
+    one row), so the float sums' order does: within float rounding."""
+    quantizer = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    w = numpy_helper.from_array(rng.standard_normal((96, 40)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 96])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 40])], [w])
+    q = quantizer.MatMulNBitsQuantizer(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                                       bits=4, block_size=32, is_symmetric=True)
+    q.process()
+    model = q.model.model
+    config = tvm_lowprec.WeightOnlyConfig(activations=activations)
+    with pytest.warns(UserWarning, match="dynamic dimension"):
+        compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native", weight_only=config)
+    assert [k.name for k in compiled.kernels() if k.op == "nbits_gemm"] == [f"nbits_gemm_{activations}_Mx40x96_b32"]
+    for seq in (1, 5, 37):
+        x = rng.standard_normal((seq, 96)).astype(np.float32)
+        fixed = tvm_lowprec.compile(tvm_lowprec.from_onnx(model, shape_dict={"x": (seq, 96)}), target="native",
+                                    weight_only=config)
+        if activations == "int8":
+            np.testing.assert_array_equal(compiled(x)[0], fixed(x)[0])
+        else:
+            np.testing.assert_allclose(compiled(x)[0], fixed(x)[0], rtol=1e-5, atol=1e-4)
+
+
+def test_shape_dict_pins_a_dimension_by_its_name_or_keeps_it_symbolic_under_a_name():
+    model = _mlp()
+    pinned = tvm_lowprec.from_onnx(model, shape_dict={"batch": 2})  # every input dimension named batch
+    (x,) = pinned["main"].params
+    assert int(x.ty.shape[0]) == 2 and not isinstance(x.ty.shape[1], tvm.tirx.IntImm)
+    named = tvm_lowprec.from_onnx(model, shape_dict={"x": (1, "tokens", 64)})
+    (x,) = named["main"].params
+    assert int(x.ty.shape[0]) == 1 and str(x.ty.shape[1]) == "tokens"
+    with pytest.raises(tvm_lowprec.InputError, match=r"not an input.*\['batch', 'seq'\]"):
+        tvm_lowprec.from_onnx(model, shape_dict={"sequence": 4})
+    with pytest.raises(tvm_lowprec.InputError, match="positive or a name"):
+        tvm_lowprec.from_onnx(model, shape_dict={"x": (0, "tokens", 64)})
+
+
+def test_attention_scores_with_symbolic_queries_take_the_float_matmul_rule(rng):
+    """A prompt's scores against a cache of constant length, ``[1, 2, 7, M, 64] x [1, 2, 1, 64, 256]``
+    then a scale, with M symbolic: the float matmul rule's register tile (the last row tile
+    predicated), not the generic schedule; the same values as numpy at 37 and 128 rows."""
+    from tvm_lowprec.schedule.fp32_matmul import Fp32MatmulRule
+
+    if getattr(SPEC, "fma", None) is None:
+        pytest.skip(f"the {SPEC.name} row has no FMA recipe")
+    m = tvm.tirx.Var("m", "int64")
+    a = te.placeholder((1, 2, 7, m, 64), "float32", name="a")
+    b = te.placeholder((1, 2, 1, 64, 256), "float32", name="b")
+    k = te.reduce_axis((0, 64), "k")
+    c = te.compute((1, 2, 7, m, 256), lambda x, h, g, i, j: te.sum(a[x, h, g, i, k] * b[x, h, 0, k, j], axis=k), name="c")
+    d = te.compute(c.shape, lambda *i: c[i] * 0.125, name="d")
+    func = te.create_prim_func([a, b, d])
+    sch = schedule_func(func, SPEC)
+    assert sch is not None and Fp32MatmulRule().apply(func, SPEC) is not None
+    script = sch.mod["main"].script()
+    assert "T.vectorized" in script and "T.parallel" in script
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=SPEC.tvm_target(2))
+    for rows in (37, 128):
+        x = rng.standard_normal((1, 2, 7, rows, 64)).astype(np.float32)
+        y = rng.standard_normal((1, 2, 1, 64, 256)).astype(np.float32)
+        out = tvm.runtime.tensor(np.zeros((1, 2, 7, rows, 256), np.float32))
+        lib(tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
+        np.testing.assert_allclose(out.numpy(), (x.astype(np.float64) @ y) * 0.125, rtol=1e-4, atol=1e-4)

@@ -507,7 +507,7 @@ def cmd_generate(args) -> int:
         return 2
     max_length = args.max_length or args.prompt_tokens + args.new_tokens
     chunk = min(args.chunk, max_length)
-    t0 = _step(f"compiling {path} for {args.target} (a chunk of {chunk} tokens and one token, cache {max_length})")
+    t0 = _step(f"compiling {path} for {args.target} (a prompt piece of up to {chunk} tokens, symbolic, and one token, cache {max_length})")
     gen = Generator(str(path), max_length=max_length, chunk=chunk, target=args.target, num_threads=args.threads)
     _done(t0)
     weights = nbits_weight_bytes(onnx.load(str(path)))
@@ -592,7 +592,7 @@ def main(argv=None) -> int:
     gen.add_argument("--prompt-tokens", type=int, default=128, help="random prompt length (default 128)")
     gen.add_argument("--new-tokens", type=int, default=64, help="greedy decode steps (default 64)")
     gen.add_argument("--max-length", type=int, help="KV cache length (default prompt + new tokens)")
-    gen.add_argument("--chunk", type=int, default=64, help="prompt tokens per prefill call (default 64)")
+    gen.add_argument("--chunk", type=int, default=64, help="most prompt tokens per prefill call (default 64)")
     gen.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn below this and the model's vocabulary (default 1000)")
     gen.add_argument("--top-k", type=int, default=1, help="1: greedy (default); N: sample among the N best")
     gen.add_argument("--rounds", type=int, default=2, help="prefill + decode rounds; the best is reported")

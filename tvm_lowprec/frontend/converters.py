@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
@@ -392,8 +394,8 @@ def _rotate(bb, xh, cos, sin, rotary: int, interleaved: int):
     """Rotary embedding of ``xh`` (heads on the second-to-last axis, the head last) by ``cos``/``sin``
     (broadcast over the heads, ``rotary / 2`` wide): pairs ``(x1, x2)`` of the first ``rotary`` values,
     halves or neighbours, become ``(x1 cos - x2 sin, x2 cos + x1 sin)``; the rest of the head is kept."""
-    heads_shape = [int(d) for d in xh.ty.shape]
-    head, half = heads_shape[-1], rotary // 2
+    heads_shape = [_dim(d) for d in xh.ty.shape]  # a symbolic length where the call's tokens are
+    head, half = int(heads_shape[-1]), rotary // 2
     rotated = _last_slice(bb, xh, 0, rotary) if rotary < head else xh
     if interleaved:
         pairs = bb.normalize(relax.op.reshape(rotated, (*heads_shape[:-1], half, 2)))
@@ -411,6 +413,18 @@ def _rotate(bb, xh, cos, sin, rotary: int, interleaved: int):
     if rotary < head:
         out = relax.op.concat([out, _last_slice(bb, xh, rotary, head)], axis=-1)
     return bb.normalize(out)
+
+
+def _dim(d):
+    """A dimension of a Relax shape: an int where it is constant, else the TIR expression."""
+    return int(d) if isinstance(d, tvm.tirx.IntImm) else d
+
+
+def _count_tensor(bb, value, dtype="int64"):
+    """A constant or symbolic count as a one-element tensor (``[1]``) of ``dtype``."""
+    if isinstance(value, int):
+        return relax.const(np.array([value], dtype), dtype)
+    return bb.normalize(relax.op.astype(relax.op.shape_to_tensor(relax.ShapeExpr([value])), dtype))
 
 
 def _gathered_angles(bb, cache, positions, view):
@@ -469,9 +483,10 @@ def _cache_write(bb, cache, rows, start):
     from ..kernels.kv_cache import OP, cache_write_kernel
 
     batch, heads, length, head = (int(d) for d in cache.ty.shape)
-    seq, dtype = int(rows.ty.shape[2]), str(cache.ty.dtype)
+    seq, dtype = _dim(rows.ty.shape[2]), str(cache.ty.dtype)
+    seq = seq if isinstance(seq, int) else None  # rows known at run time: the kernel's own variable
     kernel = bb.add_func(cache_write_kernel(batch, heads, length, seq, head, dtype),
-                         f"{OP}_{dtype}_{batch}x{heads}x{length}x{head}_rows{seq}")
+                         f"{OP}_{dtype}_{batch}x{heads}x{length}x{head}_rows{seq or 'S'}")
     return bb.emit(relax.call_tir_inplace(kernel, [cache, rows, start], [0], relax.TensorType(cache.ty.shape, dtype)))
 
 
@@ -507,7 +522,8 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
         if "num_heads" not in attr or "kv_num_heads" not in attr:
             raise UnsupportedOperatorError("GroupQueryAttention needs its num_heads and kv_num_heads attributes")
         heads, kv_heads = int(attr["num_heads"]), int(attr["kv_num_heads"])
-        batch, seq, width = (int(d) for d in query.ty.shape)
+        batch, width = int(query.ty.shape[0]), int(query.ty.shape[2])
+        seq = _dim(query.ty.shape[1])  # symbolic where the graph keeps the call's tokens so
         if key is None:  # Q, K and V packed along the last axis
             head = width // (heads + 2 * kv_heads)
             q = _last_slice(bb, query, 0, heads * head)
@@ -515,14 +531,14 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
             value = _last_slice(bb, query, (heads + kv_heads) * head, width)
         else:
             head, q = width // heads, query
-        past = int(past_key.ty.shape[2]) if past_key is not None else 0
+        past = _dim(past_key.ty.shape[2]) if past_key is not None else 0
         f32 = str(query.ty.dtype)
         q = bb.normalize(relax.op.reshape(q, (batch, seq, heads, head)))
         k = bb.normalize(relax.op.reshape(key, (batch, seq, kv_heads, head)))
         v = bb.normalize(relax.op.reshape(value, (batch, seq, kv_heads, head)))
         # each query's position: seqlens_k + 1 - seq + i (the steps before it, then its place in this call)
         steps = relax.op.reshape(relax.op.arange(0, seq, 1, "int64"), (1, seq))
-        start = bb.normalize(relax.op.subtract(relax.op.astype(seqlens, "int64"), relax.const(seq - 1, "int64")))
+        start = bb.normalize(relax.op.subtract(relax.op.astype(seqlens, "int64"), _count_tensor(bb, seq - 1)))
         positions = bb.normalize(relax.op.add(relax.op.reshape(start, (batch, 1)), steps))  # [batch, seq]
         if int(attr.get("do_rotary", 0)):
             rotary = 2 * int(cos_cache.ty.shape[-1])
@@ -539,8 +555,8 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
             present_k, present_v = (_cache_write(bb, cache, rows, start) for cache, rows in ((past_key, k), (past_value, v)))
             total = past
         else:
-            present_k = bb.normalize(relax.op.concat([past_key, k], axis=2)) if past else k
-            present_v = bb.normalize(relax.op.concat([past_value, v], axis=2)) if past else v
+            present_k = bb.normalize(relax.op.concat([past_key, k], axis=2)) if past_key is not None else k
+            present_v = bb.normalize(relax.op.concat([past_value, v], axis=2)) if past_key is not None else v
             total = past + seq
         group = heads // kv_heads
         # query head h reads key/value head h // group: the queries as [batch, kv_heads, group, seq, head]
@@ -549,7 +565,7 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
         keys = bb.normalize(relax.op.reshape(present_k, (batch, kv_heads, 1, total, head)))
         values = bb.normalize(relax.op.reshape(present_v, (batch, kv_heads, 1, total, head)))
         scale = float(attr.get("scale", 0.0)) or 1.0 / float(np.sqrt(head))
-        if seq == 1:  # one query per head (a decode step): a product summed over head reads the keys once,
+        if isinstance(seq, int) and seq == 1:  # one query per head (a decode step): a product summed over head reads the keys once,
             # where the matmul would first copy the whole cache transposed
             dots = relax.op.sum(relax.op.multiply(qt, keys), axis=[-1])  # [batch, kv_heads, group, total]
             scores = relax.op.multiply(relax.op.reshape(dots, (batch, kv_heads, group, 1, total)),

@@ -39,27 +39,48 @@ PARAMETER_INPUTS = {"Pad": {2}}
 
 
 def fix_input_shapes(model: onnx.ModelProto, shape_dict: dict | None) -> onnx.ModelProto:
-    """A copy of ``model`` whose graph inputs named in ``shape_dict`` have those static shapes."""
+    """A copy of ``model`` whose graph inputs named in ``shape_dict`` have those shapes: per dimension an
+    int (fixed) or a name (kept symbolic under that name, one variable wherever it appears). A key that
+    is not an input but a dimension name of the inputs (``"batch_size": 1``) fixes that dimension in
+    every input that has it."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     if not shape_dict:
         return fixed
     inits = {t.name for t in fixed.graph.initializer}
     inputs = {vi.name: vi for vi in fixed.graph.input if vi.name not in inits}
+    named = {d.dim_param for vi in inputs.values() for d in vi.type.tensor_type.shape.dim if d.dim_param}
     for name, shape in shape_dict.items():
+        if name not in inputs and name in named and isinstance(shape, (int, np.integer)):
+            for vi in inputs.values():
+                for dim in vi.type.tensor_type.shape.dim:
+                    if dim.dim_param == name:
+                        dim.Clear()
+                        dim.dim_value = _positive(int(shape), name)
+            continue
         if name not in inputs:
-            raise InputError(f"shape_dict names {name!r}, which is not an input of the model; inputs: {sorted(inputs)}")
+            raise InputError(f"shape_dict names {name!r}, which is not an input of the model (inputs: "
+                             f"{sorted(inputs)}) nor one of their named dimensions ({sorted(named)})")
         dims = inputs[name].type.tensor_type.shape.dim
-        shape = [int(d) for d in shape]
-        if len(dims) != len(shape) or min(shape, default=1) < 1:
+        shape = [d if isinstance(d, str) else int(d) for d in shape]
+        if len(dims) != len(shape) or min((d for d in shape if isinstance(d, int)), default=1) < 1:
             raise InputError(f"shape_dict[{name!r}] = {shape}: the input has rank {len(dims)} "
-                             f"({_dims_text(dims)}) and every dimension must be positive")
+                             f"({_dims_text(dims)}) and every dimension must be positive or a name")
         for dim, value in zip(dims, shape):
-            if dim.HasField("dim_value") and dim.dim_value != value:
+            if dim.HasField("dim_value") and (isinstance(value, str) or dim.dim_value != value):
                 raise InputError(f"shape_dict[{name!r}] = {shape} contradicts the model's static shape {_dims_text(dims)}")
             dim.Clear()
-            dim.dim_value = value
+            if isinstance(value, str):
+                dim.dim_param = value
+            else:
+                dim.dim_value = value
     return fixed
+
+
+def _positive(value: int, name: str) -> int:
+    if value < 1:
+        raise InputError(f"shape_dict[{name!r}] = {value}: a dimension must be positive")
+    return value
 
 
 def _dims_text(dims) -> str:

@@ -16,10 +16,12 @@ from tvm.script import tirx as T
 OP = "kv_cache_write"
 
 
-def cache_write_kernel(batch: int, heads: int, length: int, seq: int, head: int, dtype: str):
-    """The PrimFunc ``(cache, rows, start)`` writing ``rows`` into ``cache`` at ``start`` (in place)."""
+def cache_write_kernel(batch: int, heads: int, length: int, seq, head: int, dtype: str):
+    """The PrimFunc ``(cache, rows, start)`` writing ``rows`` into ``cache`` at ``start`` (in place).
+    ``seq``: the rows per call, an int or None for a number known at run time (a prompt's tokens)."""
     message = f"KV cache: a position is outside the cache's {length} steps (prompt and new tokens exceed max_length)"
     zero, end = tvm.tirx.const(0, "int64"), tvm.tirx.const(length, "int64")
+    seq = tvm.tirx.Var("seq", "int64") if seq is None else seq
 
     @T.prim_func(private=True, s_tir=True)
     def write(cache: T.Buffer((batch, heads, length, head), dtype), rows: T.Buffer((batch, heads, seq, head), dtype),
@@ -27,9 +29,9 @@ def cache_write_kernel(batch: int, heads: int, length: int, seq: int, head: int,
         T.func_attr({"tir.is_scheduled": True, "lowprec.op": OP, "lowprec.schedule": "default", "op_pattern": 8})
         with T.sblock("root"):  # Relax's analyses of a kernel expect a root block
             for b in range(batch):
-                assert start[b] >= zero and start[b] + T.int64(seq) <= end, message
+                assert start[b] >= zero and start[b] + T.Cast("int64", seq) <= end, message
                 for h, s, d in T.grid(heads, seq, head):
-                    cache[b, h, start[b] + T.int64(s), d] = rows[b, h, s, d]
+                    cache[b, h, start[b] + T.Cast("int64", s), d] = rows[b, h, s, d]
 
     return write
 

@@ -76,7 +76,10 @@ class NbitsProblem:
         return -(-self.n // (self.lanes * self.nr))
 
     @property
-    def m_padded(self) -> int:
+    def m_padded(self):
+        """M in whole row tiles (an expression of a symbolic M)."""
+        if not isinstance(self.m, int):
+            return tirx.floordiv(self.m + (self.mr - 1), self.mr) * self.mr
         return -(-self.m // self.mr) * self.mr
 
     @property
@@ -148,7 +151,8 @@ def _blocked_input(X, p: NbitsProblem):
 
     def at(m, b, g, h, j):
         k = b * p.block + g * 8 + h * 4 + j
-        conds = ([k < p.k] if p.k % p.block else []) + ([m < p.m] if p.m_padded != p.m else [])
+        padded_rows = not isinstance(p.m, int) or p.m_padded != p.m
+        conds = ([k < p.k] if p.k % p.block else []) + ([m < p.m] if padded_rows else [])
         if not conds:
             return X[m, k]
         inside = conds[0] if len(conds) == 1 else tirx.all(*conds)

@@ -1,10 +1,11 @@
 """Language-model decoding on a compiled decoder: a KV cache written in place, prefill and decode steps.
 
 ``Generator`` compiles a decoder exported by ONNX Runtime GenAI's builder twice, once for a prompt
-chunk of ``chunk`` tokens and once for one token, both over a KV cache of ``max_length`` steps that it
-owns (numpy arrays the compiled kernels write into: :mod:`.cache_graph`). These two compiles serve every
-prompt length and every decode step up to ``max_length``: a prompt runs in chunks (the last one
-overlapping the one before, or padded where the prompt is shorter than a chunk), a token in one call.
+piece whose length is symbolic (known at each call: :data:`PROMPT_TOKENS`) and once for one token,
+both over a KV cache of ``max_length`` steps that it owns (numpy arrays the compiled kernels write
+into: :mod:`.cache_graph`). These two compiles serve every prompt length and every decode step up to
+``max_length``: a prompt runs in pieces of at most ``chunk`` tokens, each as long as it is (no padding,
+no overlap), a token in one call.
 
     gen = tvm_lowprec.llm.Generator("model_dir/model.onnx", max_length=256)
     tokens = gen.generate(prompt_ids, new_tokens=32)           # greedy; top_k=... samples
@@ -49,6 +50,10 @@ def nbits_weight_bytes(model) -> int:
                for name in node.input[1:4] if name in inits)
 
 
+# The name of the prompt compile's symbolic length (tokens per call)
+PROMPT_TOKENS = "prompt_tokens"
+
+
 class Generator:
     """A decoder with its KV cache: ``prefill(tokens)``, ``step(token)``, ``generate(prompt, n)``.
 
@@ -59,7 +64,8 @@ class Generator:
     max_length : int
         Cache length: prompt and generated tokens together.
     chunk : int
-        Prompt tokens per prefill call (1: the prompt runs token by token on the decode compile).
+        Most prompt tokens per prefill call (1: the prompt runs token by token on the decode compile);
+        a call takes any number up to it on the one prompt compile.
     target, num_threads, **compile_options
         As :func:`tvm_lowprec.compile`; ``weight_only`` defaults to int8 activations where the file's
         ``MatMulNBits`` ask for ``accuracy_level`` 4 (:func:`default_activations`).
@@ -90,7 +96,7 @@ class Generator:
         self.max_length, self.chunk = int(max_length), int(chunk)
         start = time.perf_counter()
 
-        def build(graph, seq: int):
+        def build(graph, seq):  # seq: tokens per call, or the name of a symbolic length
             shapes = self.layout.shapes(1, seq, self.max_length)
             if any(vi.name == LAST_ROW for vi in graph.graph.input):
                 shapes[LAST_ROW] = (1,)
@@ -99,7 +105,7 @@ class Generator:
 
         self.decode_model = build(rewritten, 1)
         if self.chunk > 1:  # a chunk's logits: its last row's only (the decode compile is done with the graph)
-            self.prefill_model = build(last_row_logits(rewritten, self.layout.logits), self.chunk)
+            self.prefill_model = build(last_row_logits(rewritten, self.layout.logits), PROMPT_TOKENS)
         else:
             self.prefill_model = self.decode_model
         self._last_row = self.chunk > 1 and any(spec.name == LAST_ROW for spec in self.prefill_model.inputs)
@@ -155,24 +161,14 @@ class Generator:
                 logits = self._run(self.decode_model, [history[pos]], pos)[-1]
             self.tokens = history
             return logits
-        pos, logits = self.length, None
-        while pos < end:
-            if pos + self.chunk <= end:
-                first = pos  # a whole chunk
-            elif end >= self.chunk:
-                first = end - self.chunk  # the last chunk, overlapping positions already written (same values)
-            else:
-                first = 0  # the whole prompt is shorter than a chunk: from the start, padded
-            ids = history[first:first + self.chunk]
-            last = min(first + self.chunk, end) - 1
-            padded = ids + [0] * (self.chunk - len(ids))
+        logits = None
+        for first in range(self.length, end, self.chunk):  # pieces of at most chunk tokens, each as it is
+            ids = history[first:min(first + self.chunk, end)]
             if self._last_row:
-                logits = self._run(self.prefill_model, padded, first, last - first)[0]
+                logits = self._run(self.prefill_model, ids, first, len(ids) - 1)[0]
             else:
-                logits = self._run(self.prefill_model, padded, first)[last - first]
-            pos = first + self.chunk
+                logits = self._run(self.prefill_model, ids, first)[-1]
         self.tokens = history
-        self._mask[0, end:] = 0  # padded positions hold garbage: hidden until a step overwrites them
         return logits
 
     def step(self, token: int) -> np.ndarray:
@@ -210,4 +206,4 @@ class Generator:
         return out
 
 
-__all__ = ["CacheLayout", "Generator", "cache_in_place", "default_activations", "nbits_weight_bytes"]
+__all__ = ["PROMPT_TOKENS", "CacheLayout", "Generator", "cache_in_place", "default_activations", "nbits_weight_bytes"]

@@ -45,8 +45,9 @@ class CacheLayout:
     dtype: str = "float32"
     vocab: int | None = None  # the logits' last dimension, where the file says it
 
-    def shapes(self, batch: int, seq: int, length: int) -> dict[str, tuple[int, ...]]:
-        """``shape_dict`` of a compile taking ``seq`` tokens per call into a cache of ``length`` steps."""
+    def shapes(self, batch: int, seq, length: int) -> dict[str, tuple]:
+        """``shape_dict`` of a compile taking ``seq`` tokens per call into a cache of ``length`` steps
+        (``seq`` a name: that many tokens as a symbolic length, known at each call)."""
         shapes = {self.tokens: (batch, seq), self.mask: (batch, length)}
         if self.positions is not None:
             shapes[self.positions] = (batch, seq)

@@ -11,13 +11,16 @@ multiple of 8 and GPU rows. ``int8`` activations need the row's 4-bit dot produc
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
+import operator
 import warnings
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from ..hwspec import Tile
+from ..kernels.qgemm import SYMBOLIC_ROWS
 from ..kernels.nbits import NbitsProblem, build_nbits_gemm, pack_block_params, pack_nibbles, uniform_zero_point
 from .dequantized import DequantizedConst
 
@@ -61,24 +64,28 @@ def emit_int4(builder, x, dq: DequantizedConst, spec, config):
     if str(dq.scale.dtype) != "float32":
         return None
     nibbles = unsigned_nibbles(dq)
-    x_shape = [int(d) for d in x.ty.shape] if all(hasattr(d, "value") for d in x.ty.shape) else None
-    if nibbles is None or x_shape is None:
+    shape = getattr(x.ty, "shape", None)
+    shape = list(shape) if shape is not None else None
+    if nibbles is None or not shape or not isinstance(shape[-1], tvm.tirx.IntImm):
         return None
     q, zero_point = nibbles
     k, n = dq.values.shape
-    if x_shape[-1] != k:
+    if int(shape[-1]) != k:
         return None
-    lead = x_shape[:-1]
-    m = math.prod(lead) if lead else 1
-    p = dataclasses.replace(_problem(m, n, k, dq.block, spec, config.activations),
-                            zero_point=uniform_zero_point(zero_point))
+    lead = [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in shape[:-1]]
+    m = functools.reduce(operator.mul, lead) if lead else 1  # a TIR expression where a length is symbolic
+    symbolic = not isinstance(m, int)
+    # a symbolic M: the kernel's own variable (TVM binds it from X's shape), the tile chosen for SYMBOLIC_ROWS
+    p = dataclasses.replace(_problem(SYMBOLIC_ROWS if symbolic else m, n, k, dq.block, spec, config.activations),
+                            m=tvm.tirx.Var("m", "int64") if symbolic else m, zero_point=uniform_zero_point(zero_point))
     params = pack_block_params(dq.scale.T.astype(np.float32), zero_point, p)
-    name = f"nbits_gemm_{p.activations}_{m}x{n}x{k}_b{dq.block}"
+    name = f"nbits_gemm_{p.activations}_{'M' if symbolic else m}x{n}x{k}_b{dq.block}"
     gvar = builder.add_func(build_nbits_gemm(p, name).with_attr("op_pattern", 8), name)
     x2 = builder.emit(relax.op.reshape(x, (m, k)))
     args = [x2, relax.const(pack_nibbles(q, p)), *(relax.const(v) for v in params)]
-    y = builder.emit(relax.call_tir(gvar, args, relax.TensorType(p.out_shape, "float32")))
-    y = builder.emit(relax.op.reshape(y, (p.m_padded, p.n_padded)))
-    if (p.m_padded, p.n_padded) != (m, n):
+    rows = dataclasses.replace(p, m=m).m_padded  # the padded rows in the graph's own terms
+    y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((rows, *p.out_shape[1:]), "float32")))
+    y = builder.emit(relax.op.reshape(y, (rows, p.n_padded)))
+    if symbolic or (rows, p.n_padded) != (m, n):
         y = builder.emit(relax.op.strided_slice(y, axes=[0, 1], begin=[0, 0], end=[m, n]))
-    return builder.emit(relax.op.reshape(y, (*lead, n))) if lead != [m] else y
+    return builder.emit(relax.op.reshape(y, (*lead, n))) if len(lead) != 1 else y

@@ -45,8 +45,15 @@ RULES = {"cpu": DEFAULT_RULES, "cuda": CUDA_RULES}
 
 def has_symbolic_shape(func) -> bool:
     """Whether some buffer of ``func``'s parameters has a dimension that is not a constant (a symbolic
-    length: a prompt's tokens, a batch)."""
-    return any(not isinstance(d, tirx.IntImm) for p in func.params if hasattr(p, "shape") for d in p.shape)
+    length: a prompt's tokens, a batch), or some parameter is a scalar (a length passed at run time)."""
+    from tvm.tirx.buffer import BufferType
+
+    for p in func.params:
+        if not isinstance(getattr(p, "ty", None), BufferType):
+            return True
+        if any(not isinstance(d, tirx.IntImm) for d in p.shape):
+            return True
+    return False
 
 
 def schedule_func(func, spec, rules=None):

@@ -16,7 +16,8 @@ but its rows are already contiguous along ``j``, so the register tile reads them
         C[b, io*mr:+mr, jo] = epilogue(acc)          # the elementwise blocks after it (a scale)
 
 The tile comes from the target row's FMA recipe (:attr:`~tvm_lowprec.hwspec.TargetSpec.fma`),
-shrunk to divide I and J (no padding here; heads are multiples of the vector width in practice).
+shrunk to divide I and J (no padding here; heads are multiples of the vector width in practice; a
+symbolic I keeps the recipe's height, its last tile predicated).
 Declines other dtypes, a J that no vector divides, a block that is not this product, and rows
 without an FMA recipe.
 """
@@ -27,6 +28,7 @@ from tvm import tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
+from ..kernels.qgemm import SYMBOLIC_ROWS
 from .blocks import root_children
 
 
@@ -62,8 +64,16 @@ def _largest_divisor(n: int, most: int) -> int:
     return next(d for d in range(max(1, min(n, most)), 0, -1) if n % d == 0)
 
 
+def _constant(extent) -> int | None:
+    return int(extent.value) if hasattr(extent, "value") else None
+
+
 class Fp32MatmulRule:
-    """Declines anything that is not a float32 (batched) matmul of two run-time operands."""
+    """Declines anything that is not a float32 (batched) matmul of two run-time operands. Its rows
+    may be symbolic (a prompt's queries against a cache of constant length): row tiles of the
+    recipe's height, the last one predicated."""
+
+    symbolic = True
 
     def apply(self, func, spec):
         recipe = getattr(spec, "fma", None)
@@ -76,12 +86,13 @@ class Fp32MatmulRule:
             return None
         block, _ = found[0]
         loops = sch.get_loops(block)
-        extents = [int(sch.get(loop).extent) for loop in loops]
+        extents = [_constant(sch.get(loop).extent) for loop in loops]
         rows, cols, lanes = extents[-3], extents[-2], recipe.intrin.lanes
-        if cols % lanes:
-            return None
-        tile = recipe.tile_for(rows)
-        mr = _largest_divisor(rows, tile.mr)
+        if None in extents[:-3] + extents[-2:] or cols % lanes:
+            return None  # only the rows may be symbolic (a prompt's queries)
+        tile = recipe.tile_for(SYMBOLIC_ROWS if rows is None else rows)
+        # rows known at run time: whole tiles and a predicated last one
+        mr = tile.mr if rows is None else _largest_divisor(rows, tile.mr)
         budget = (recipe.intrin.registers - 1) // (mr + 1)  # mr*nr accumulators + nr B vectors + broadcast
         nr = _largest_divisor(cols // lanes, max(1, min(tile.nr * max(1, tile.mr // mr), budget)))
         index = [b.same_as(block) for b in blocks].index(True)

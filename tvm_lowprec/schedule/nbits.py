@@ -43,7 +43,10 @@ def _is_nbits(func) -> bool:
 
 
 class NbitsGemmRule:
-    """Declines anything that is not a lowprec nbits_gemm PrimFunc."""
+    """Declines anything that is not a lowprec nbits_gemm PrimFunc. A symbolic M (a prompt's tokens)
+    is split into row tiles as a constant one is (the kernel pads it to whole tiles)."""
+
+    symbolic = True
 
     def apply(self, func, spec):
         if not _is_nbits(func):
@@ -69,8 +72,9 @@ PARALLEL_PROLOGUE = 1 << 18  # elements of X from which the prologue loops run i
 
 # Step 1. The activations' per-block statistics: over (row, block), inner loops vectorized.
 def _prologue(sch):
-    m, _, k = (int(v) for v in sch.mod["main"].attrs["lowprec.shape"])
-    parallel = m * k >= PARALLEL_PROLOGUE
+    m, _, k = sch.mod["main"].attrs["lowprec.shape"]
+    # a symbolic M (a prompt's tokens): in parallel, as a prompt's rows are many
+    parallel = not hasattr(m, "value") and not isinstance(m, int) or int(m) * int(k) >= PARALLEL_PROLOGUE
     scale = find_block(sch, "x_scale")
     if scale is not None:
         sch.compute_inline(scale)
