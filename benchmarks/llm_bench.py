@@ -195,7 +195,7 @@ def main(argv=None) -> None:
                         help="tvm_lowprec.llm.Generator (a KV cache in place, one prefill and one decode compile) "
                              "against ORT GenAI's generator loop: --prompt tokens, then --new-tokens greedy steps")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--chunk", type=int, default=64, help="prompt tokens per prefill call (--generate)")
+    parser.add_argument("--chunk", type=int, default=64, help="most prompt tokens per prefill call (--generate)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (--generate)")
     parser.add_argument("--rows-json", type=Path, help=argparse.SUPPRESS)  # a child's rows, for its parent
     args = parser.parse_args(argv)
