@@ -492,7 +492,7 @@ def _cache_write(bb, cache, rows, start):
 
 class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
     """ONNX Runtime's ``com.microsoft.GroupQueryAttention`` with separate past and present key/value
-    tensors (what ORT GenAI's builder writes for CPU), static shapes (``from_onnx`` fixes them):
+    tensors (what ORT GenAI's builder writes for CPU; the sequence and past lengths constant or symbolic):
     ``query`` ``[batch, seq, num_heads * head]`` (or Q, K and V packed in it when ``key`` is absent),
     ``key``/``value`` ``[batch, seq, kv_num_heads * head]``, ``past_key``/``past_value`` ``[batch,
     kv_num_heads, past, head]``, ``seqlens_k`` ``[batch]`` (total length - 1 per sequence),

@@ -29,6 +29,7 @@ from tvm import te, tirx
 
 from ..errors import LowPrecError
 from ..intrin.nibble import nibble
+from .qgemm import round_up
 
 ACTIVATIONS = ("float", "int8")
 
@@ -78,9 +79,7 @@ class NbitsProblem:
     @property
     def m_padded(self):
         """M in whole row tiles (an expression of a symbolic M)."""
-        if not isinstance(self.m, int):
-            return tirx.floordiv(self.m + (self.mr - 1), self.mr) * self.mr
-        return -(-self.m // self.mr) * self.mr
+        return round_up(self.m, self.mr)
 
     @property
     def n_padded(self) -> int:

@@ -155,11 +155,12 @@ class QGemmProblem:
             raise ValueError(f"K={self.k} could overflow the int32 accumulator")
 
 
-def _ceil(x, m: int):
+def round_up(x, m: int):
     """``x`` rounded up to a multiple of ``m``; a symbolic ``x`` (a TIR variable) gives the expression."""
     if not isinstance(x, int):
         return tirx.floordiv(x + (m - 1), m) * m
     return (x + m - 1) // m * m
+
 
 
 # The M a layout is chosen for where M is symbolic (a prompt's tokens times the batch, known at run
@@ -183,7 +184,7 @@ def tile_layout(gi, operand, tile, m: int, n: int, kp: int, kblock: int = 0, a_s
     chain has no latency to hide, and taller tiles only widen the epilogue (32000x1x4 0.012 -> 0.020 ms)."""
     nr = _column_groups(tile.nr, -(-n // gi.lanes))
     keep = tile.mr * tile.nr // nr if kp >= _CHAIN_STEPS * gi.kstep else tile.mr
-    mr = _ceil(min(max(tile.mr, keep), m), gi.rows)
+    mr = round_up(min(max(tile.mr, keep), m), gi.rows)
     wide = tile.wide_b and operand.intrin_wide_b is not None
     return GemmLayout(
         intrin=operand.intrin_wide_b if wide else operand.intrin,
@@ -196,8 +197,8 @@ def tile_layout(gi, operand, tile, m: int, n: int, kp: int, kblock: int = 0, a_s
         a_storage=operand.storage if a_storage is None else a_storage,
         a_offset=operand.offset if a_offset is None else a_offset,
         b_storage="int16" if wide else "int8",
-        mp=_ceil(m, mr),
-        np_=_ceil(n, gi.lanes * nr),
+        mp=round_up(m, mr),
+        np_=round_up(n, gi.lanes * nr),
         kp=kp,
         rows=gi.rows,
     )
@@ -218,10 +219,10 @@ def rows_padding_less(layout: "GemmLayout", tile, m: int) -> "GemmLayout":
     4 tiles: 3 rows, 8.7 (5 rows) -> 7.4 us."""
     if (layout.mp - m) <= ROW_PADDING_LIMIT * layout.mp:
         return layout
-    low = max(layout.rows, _ceil((layout.mr + 1) // 2, layout.rows))
+    low = max(layout.rows, round_up((layout.mr + 1) // 2, layout.rows))
     rows = range(low, max(layout.mr, tile.grow_rows) + 1, layout.rows)
-    mr = min(rows, key=lambda r: (_ceil(m, r), -r))
-    return replace(layout, mr=mr, mp=_ceil(m, mr))
+    mr = min(rows, key=lambda r: (round_up(m, r), -r))
+    return replace(layout, mr=mr, mp=round_up(m, mr))
 
 
 # A narrow GEMM (fewer B panels than MIN_PANEL_TASKS) shares runs of its row tiles between threads, and
@@ -317,15 +318,15 @@ class GemmLayout:
         tile = recipe.tile_for(SYMBOLIC_ROWS if symbolic else problem.m)
         gi = recipe.intrin
         operand = gi.operand(problem.a_dtype)
-        kp = _ceil(problem.k, gi.kstep)
+        kp = round_up(problem.k, gi.kstep)
         kblock = tile.kblock if tile.kblock and tile.kblock < kp and kp % tile.kblock == 0 else 0
         layout = tile_layout(gi, operand, tile, SYMBOLIC_ROWS if symbolic else problem.m, problem.n, kp, kblock)
         if symbolic:  # whole row tiles of an M known at run time: the last one's rows past M padded
-            return replace(layout, mp=_ceil(problem.m, layout.mr))
+            return replace(layout, mp=round_up(problem.m, layout.mr))
         if problem.window is None:
             return splittable_rows(rows_padding_less(layout, tile, problem.m), problem)
         mr = window_rows(layout.mr, problem.window.out_hw[1], layout.rows)
-        return replace(layout, mr=mr, mp=_ceil(problem.m, mr))
+        return replace(layout, mr=mr, mp=round_up(problem.m, mr))
 
     @staticmethod
     def _choose_mma(problem: QGemmProblem, spec, b_signed=None) -> "GemmLayout":  # b_signed: every weight is exact on mma
@@ -336,7 +337,7 @@ class GemmLayout:
         return GemmLayout(
             intrin=form.name, intrin_row=spec.row, lanes=MMA_N, kstep=form.k, mr=t.block_m, nr=t.block_n // MMA_N,
             kblock=t.block_k, a_storage=problem.a_dtype, a_offset=0, b_storage="int8",
-            mp=_ceil(problem.m, t.block_m), np_=_ceil(problem.n, t.block_n), kp=_ceil(problem.k, t.block_k),
+            mp=round_up(problem.m, t.block_m), np_=round_up(problem.n, t.block_n), kp=round_up(problem.k, t.block_k),
             b_order="nk", block=(t.block_m, t.block_n, t.block_k, t.warp_m, t.warp_n),
         )
 

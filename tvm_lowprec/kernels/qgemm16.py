@@ -30,7 +30,7 @@ import numpy as np
 from tvm import te, tirx
 
 from ..hwspec import GemmRecipe
-from .qgemm import Epilogue, GemmLayout, _ceil, _pad_vec, requantize, tile_layout
+from .qgemm import Epilogue, GemmLayout, round_up, _pad_vec, requantize, tile_layout
 
 A_DTYPES = ("int16", "uint16")
 A_REACH = 32768  # the largest |A'|: int16 values, or uint16 values shifted by -32768
@@ -97,7 +97,7 @@ def _chunk(abs_b: np.ndarray, kstep: int) -> int:
     prefix = np.zeros((k + 1, n), np.int32)  # (128 * K < 2**31)
     np.cumsum(abs_b, axis=0, dtype=np.int32, out=prefix[1:])
     for chunks in range(max(1, -(-int(prefix[-1].max(initial=0)) // limit)), k + 1):
-        size = _ceil(-(-k // chunks), kstep)
+        size = round_up(-(-k // chunks), kstep)
         edges = np.minimum(np.arange(0, k + size, size), k)
         if int((prefix[edges[1:]] - prefix[edges[:-1]]).max(initial=0)) <= limit:
             return size
@@ -132,7 +132,7 @@ def plan_accumulation(b, za: int, zb, a_dtype: str, bias=None, kstep: int = 2) -
                          "would not be exact")
     rowcoef = None if not np.any(zb_p) else (-zb_p).astype(np.int32)
     if bound < _INT32_LIMIT:
-        return AccumulationPlan("int32", _ceil(k, kstep), b_signed, corr, rowcoef, bound)
+        return AccumulationPlan("int32", round_up(k, kstep), b_signed, corr, rowcoef, bound)
     return AccumulationPlan("int64", _chunk(abs_b, kstep), b_signed, corr, rowcoef, bound)
 
 
