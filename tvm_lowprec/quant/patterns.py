@@ -71,6 +71,15 @@ def static_shape(expr) -> tuple[int, ...] | None:
         return None
 
 
+def gemm_input_shape(expr) -> tuple | None:
+    """The shape of a GEMM activation ``[.., K]`` as ints and TIR expressions (its rows may be known at
+    run time only), or None where it has no shape or its last axis, K, is not a constant."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or len(shape) < 1 or not isinstance(shape[-1], tvm.tirx.IntImm):
+        return None
+    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in shape)
+
+
 def dtype_of(expr) -> str:
     return str(expr.ty.dtype)
 

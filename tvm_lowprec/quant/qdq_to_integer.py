@@ -43,6 +43,7 @@ from .patterns import (
     dequantized_weight,
     dtype_of,
     qparams,
+    gemm_input_shape,
     static_shape,
     trim_dead_taps,
 )
@@ -498,8 +499,8 @@ def _gemm_input(builder, match: QGemmMatch, channels: int | None = None, window:
         return x2, (g.batch, *g.out_hw), NHWC_TO_NCHW  # [B*OH*OW, OC] -> NHWC -> NCHW
     xshape = static_shape(match.x)
     if xshape is None:  # symbolic rows (a prompt's tokens): the GEMM's M is their product, K must be constant
-        xshape = symbolic_rows_shape(match.x)
-        if xshape is None:
+        xshape = gemm_input_shape(match.x)
+        if xshape is None or len(xshape) < 2:
             return None, None, None  # no shape, or a symbolic K: the generic path
         m = functools.reduce(operator.mul, xshape[:-1])
     elif len(xshape) < 2:
@@ -508,15 +509,6 @@ def _gemm_input(builder, match: QGemmMatch, channels: int | None = None, window:
         m = int(np.prod(xshape[:-1]))
     x2 = match.x if len(xshape) == 2 else builder.emit(relax.op.reshape(match.x, (m, xshape[-1])))
     return x2, (xshape[:-1] if len(xshape) != 2 else None), None
-
-
-def symbolic_rows_shape(expr) -> tuple | None:
-    """The shape of ``expr`` where its last axis is a constant and some other is symbolic (ints and TIR
-    expressions), else None: an activation whose rows are known at run time only."""
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or len(shape) < 2 or not isinstance(shape[-1], tvm.tirx.IntImm):
-        return None
-    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in shape)
 
 
 def _rows_of(x2):

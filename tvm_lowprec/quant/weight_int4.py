@@ -23,6 +23,7 @@ from ..hwspec import Tile
 from ..kernels.qgemm import SYMBOLIC_ROWS
 from ..kernels.nbits import NbitsProblem, build_nbits_gemm, pack_block_params, pack_nibbles, uniform_zero_point
 from .dequantized import DequantizedConst
+from .patterns import gemm_input_shape
 
 
 def unsigned_nibbles(dq: DequantizedConst):
@@ -64,15 +65,14 @@ def emit_int4(builder, x, dq: DequantizedConst, spec, config):
     if str(dq.scale.dtype) != "float32":
         return None
     nibbles = unsigned_nibbles(dq)
-    shape = getattr(x.ty, "shape", None)
-    shape = list(shape) if shape is not None else None
-    if nibbles is None or not shape or not isinstance(shape[-1], tvm.tirx.IntImm):
+    shape = gemm_input_shape(x)
+    if nibbles is None or shape is None:
         return None
     q, zero_point = nibbles
     k, n = dq.values.shape
-    if int(shape[-1]) != k:
+    if shape[-1] != k:
         return None
-    lead = [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in shape[:-1]]
+    lead = list(shape[:-1])
     m = functools.reduce(operator.mul, lead) if lead else 1  # a TIR expression where a length is symbolic
     symbolic = not isinstance(m, int)
     # a symbolic M: the kernel's own variable (TVM binds it from X's shape), the tile chosen for SYMBOLIC_ROWS

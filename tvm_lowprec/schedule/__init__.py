@@ -46,14 +46,10 @@ RULES = {"cpu": DEFAULT_RULES, "cuda": CUDA_RULES}
 def has_symbolic_shape(func) -> bool:
     """Whether some buffer of ``func``'s parameters has a dimension that is not a constant (a symbolic
     length: a prompt's tokens, a batch), or some parameter is a scalar (a length passed at run time)."""
-    from tvm.tirx.buffer import BufferType
+    from ..kernel_cost import param_buffers
 
-    for p in func.params:
-        if not isinstance(getattr(p, "ty", None), BufferType):
-            return True
-        if any(not isinstance(d, tirx.IntImm) for d in p.shape):
-            return True
-    return False
+    buffers = param_buffers(func)
+    return len(buffers) != len(func.params) or any(not isinstance(d, tirx.IntImm) for b in buffers for d in b.shape)
 
 
 def schedule_func(func, spec, rules=None):

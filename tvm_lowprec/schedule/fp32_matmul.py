@@ -77,11 +77,6 @@ def _largest_divisor(n: int, most: int) -> int:
     return next(d for d in range(max(1, min(n, most)), 0, -1) if n % d == 0)
 
 
-def _static_extent(sch, loop) -> int:
-    extent = sch.get(loop).extent
-    return int(extent.value) if hasattr(extent, "value") else 0
-
-
 def _constant(extent) -> int | None:
     return int(extent.value) if hasattr(extent, "value") else None
 
@@ -140,7 +135,8 @@ class Fp32MatmulRule:
             sch.compute_at(copy, par)
             *_, cj, ck = sch.get_loops(copy)
             sch.reorder(ck, cj)
-            sch.vectorize(sch.split(cj, [None, lanes])[1] if _static_extent(sch, cj) % lanes == 0 else cj)
+            width = _constant(sch.get(cj).extent)
+            sch.vectorize(sch.split(cj, [None, lanes])[1] if width and width % lanes == 0 else cj)
         else:
             par = sch.fuse(*batch, io) if batch else io
         sch.parallel(par)
