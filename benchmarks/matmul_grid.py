@@ -65,10 +65,9 @@ def _compile_and_run(source: str, args: list[str]) -> str:
         return subprocess.run([str(exe), *args], check=True, capture_output=True, text=True).stdout
 
 
-def measure_peak(shapes, reps: int = 3) -> tuple[float, float, str]:
-    """``(GOPS, GB/s, description)``: the best of ``reps`` one-thread runs of the peak program for the
-    host row's first recipe (the one the benchmark's 7-bit weights take), and of ``peak/read_bw.c``
-    over as many bytes as the largest int8 weights of ``shapes`` (the memory side of the roofline)."""
+def measure_gemm_peak(reps: int = 3) -> tuple[float, str]:
+    """``(GOPS, description)``: the best of ``reps`` one-thread runs of the peak program for the host
+    row's first recipe (the one 7-bit weights take). ``SystemExit`` without a program for it or gcc."""
     from tvm_lowprec.targets import native_target
 
     intrin = native_target().recipes()[0].intrin.name
@@ -77,9 +76,17 @@ def measure_peak(shapes, reps: int = 3) -> tuple[float, float, str]:
     source, label = PEAK_PROGRAMS[intrin]
     out = _compile_and_run(source, ["1", str(reps)])
     peak = max(float(x) for x in re.findall(rf"{re.escape(label)}: ([\d.]+) GOPS", out))
+    return peak, f"measured: best of {reps} runs of peak/{source}, {label}"
+
+
+def measure_peak(shapes, reps: int = 3) -> tuple[float, float, str]:
+    """``(GOPS, GB/s, description)``: :func:`measure_gemm_peak`, and the best of ``reps`` runs of
+    ``peak/read_bw.c`` over as many bytes as the largest int8 weights of ``shapes`` (the memory side of
+    the roofline)."""
+    peak, source = measure_gemm_peak(reps)
     mib = max(n * k for _, n, k in shapes) / 2**20
     bandwidth = max(float(x) for x in re.findall(r"([\d.]+) GB/s", _compile_and_run("read_bw.c", [f"{mib:.3f}", str(reps)])))
-    return peak, bandwidth, (f"measured: best of {reps} runs of peak/{source}, {label}; read bandwidth: "
+    return peak, bandwidth, (f"{source}; read bandwidth: "
                              f"peak/read_bw.c over {mib:.1f} MiB, the largest weights of the grid")
 
 

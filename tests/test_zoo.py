@@ -81,10 +81,11 @@ def test_crash_is_a_row(tmp_path):
     assert "exit code" in result["error"] or "without a result" in result["error"]
 
 
-def _result(model, tvm_ms, ort_ms, status="ok", unscheduled=(), kernels=()):
-    return {"model": model, "status": status, "stage": "done", "unscheduled": list(unscheduled),
+def _result(model, tvm_ms, ort_ms, status="ok", unscheduled=(), kernels=(), tags=(), ort_gops=None):
+    return {"model": model, "status": status, "stage": "done", "unscheduled": list(unscheduled), "tags": list(tags),
             "times": {"1": {"tvm-lowprec": {"ms": tvm_ms}, "ort-int8": {"ms": ort_ms}}},
-            "profile_top": [{"name": n, "ms": ms, "pct_copy": pct} for n, ms, pct in kernels]}
+            "profile_top": [{"name": n, "ms": ms, "pct_copy": pct} for n, ms, pct in kernels],
+            **({"ort_gemm": {"gops": ort_gops}} if ort_gops else {})}
 
 
 def test_the_zoo_check_names_every_bar_a_run_misses():
@@ -103,3 +104,24 @@ def test_the_zoo_check_names_every_bar_a_run_misses():
     assert any("fused_variance" in line for line in lines) and not any("tiny" in line for line in lines)
     assert len(lines) == 4  # geometric mean 2.01x: above its bar
     assert any("geometric mean" in line for line in script.check_lines([_result("x", 1.0, 1.2)], [1]))
+
+
+def test_the_zoo_check_holds_each_class_to_its_bar():
+    """CNNs 1.5x unless ORT's GEMM work is above 60% of the peak (then 1.1x), transformers 1.3x, a model with
+    several tags the highest; an unknown peak or ORT profile leaves the class bar standing."""
+    from zoo import checks as script
+    peak = 400.0
+
+    def failed(result, peak_gops=peak):
+        return [line for line in script.check_lines([result], [1], peak_gops) if "geometric" not in line]
+
+    assert failed(_result("cnn", 1.0, 1.6, tags=["cnn"], ort_gops=100)) == []
+    assert "bar 1.5x" in failed(_result("cnn", 1.0, 1.4, tags=["cnn"], ort_gops=100))[0]
+    assert failed(_result("resnet", 1.0, 1.2, tags=["cnn"], ort_gops=0.7 * peak)) == []  # ORT near the peak
+    assert "bar 1.1x" in failed(_result("resnet", 1.0, 1.05, tags=["cnn"], ort_gops=0.7 * peak))[0]
+    assert "bar 1.5x" in failed(_result("resnet", 1.0, 1.2, tags=["cnn"], ort_gops=0.7 * peak), None)[0]
+    assert failed(_result("bert", 1.0, 1.35, tags=["transformer"], ort_gops=0.9 * peak)) == []
+    assert "bar 1.3x" in failed(_result("bert", 1.0, 1.25, tags=["transformer"]))[0]
+    assert "bar 1.5x" in failed(_result("hybrid", 1.0, 1.4, tags=["cnn", "transformer"], ort_gops=0.9 * peak))[0]
+    assert failed(_result("untagged", 1.0, 1.05)) == []  # the every-model bar only
+    assert script.class_bar(_result("x", 1, 1, tags=["detector"], ort_gops=0.3 * peak), peak) == (1.5, "detector, ORT's GEMM work at 30% of peak")

@@ -130,7 +130,8 @@ def run_model(name: str, config: RunConfig | None = None, result_path: Path | No
     config = config or RunConfig()
     entry = zoo.REGISTRY[name]
     size = entry.resolve_size(config.size, config.small)
-    rec = _Recorder({"model": name, "source": entry.source, "description": entry.description, "size": size,
+    rec = _Recorder({"model": name, "source": entry.source, "description": entry.description, "tags": list(entry.tags),
+                     "size": size,
                      "status": "running", "stage": "build", "error": "", "config": asdict(config)}, result_path)
     res = rec.result
     try:
@@ -216,6 +217,8 @@ def _run_built(rec: _Recorder, built, config: RunConfig, scale: float | None) ->
         if compiled is not None and config.profile:
             rec.stage("profile")
             res["profile_top"] = _profile(compiled, feed, config)
+        if config.profile:
+            res["ort_gemm"] = _ort_gemm(built, feed, config, Path(rec.path).parent if rec.path else None)
     if res["status"] == "running":
         res["status"] = "ok"
     res["stage"] = "done" if res["status"] in ("ok", "mismatch") else res.get("failed_stage", res["stage"])
@@ -267,6 +270,25 @@ def _profile(compiled, feed: dict, config: RunConfig) -> list[dict] | dict:
 
     return [row(r) for r in rows[: config.top]] + [
         {**row(r), "over_copy": True} for r in rows[config.top:] if over_copy_cost(r)]
+
+
+def _ort_gemm(built, feed: dict, config: RunConfig, scratch: Path | None) -> dict:
+    """ONNX Runtime's GEMM/conv work at one thread, from its own profiler (``ort_profile.ort_profile``,
+    default optimizations, the trace's node times and shapes): GOPS, ms per run, Gop, and the ms of
+    GEMM/conv nodes whose operations are not derivable. The zoo's class bar for CNNs is lower where
+    ORT already runs this work near the instruction's peak (``checks.class_bar``)."""
+    import tempfile
+
+    from ort_profile import gemm_rate, ort_profile
+
+    try:
+        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            prof = ort_profile(built.int8_path, feed, 1, 2, 3 if config.timing == "quick" else 10,
+                               Path(tmp) / "ort")
+        rate = gemm_rate(prof["rows"], lambda r: r.get("ops"))
+    except Exception as err:  # noqa: BLE001 - the profile is a figure, not a stage that fails the model
+        return {"error": f"{type(err).__name__}: {err}"[:300]}
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in rate.items()} | {"threads": 1}
 
 
 # A kernel that is not a GEMM and takes more than this many times what its bytes cost at copy bandwidth
