@@ -186,7 +186,8 @@ def header(meta: dict) -> list[str]:
         f"onnx {v['onnx']} · {zoo_versions}", "",
         f"Exporter: {'torch.onnx.export dynamo (default)' if opts['dynamo'] else 'torch.onnx.export dynamo=False'} "
         f"(Ultralytics: its own `model.export`; Keras: `tf2onnx.convert.from_keras`, opset 17); quantization: ORT `quant_pre_process` + `quantize_static` "
-        f"{opts['fmt']}, per-channel int8 weights, {'int8' if opts['s8s8'] else 'uint8'} activations, MinMax on "
+        f"{opts['fmt']}, per-channel {'7-bit (reduce_range)' if opts.get('reduce_range') else 'int8'} weights, "
+        f"{'int8' if opts['s8s8'] else 'uint8'} activations, MinMax on "
         f"{opts['calibration']} random inputs; random weights everywhere. "
         + ("**tvm-lowprec runs its own `tvm_lowprec.quantize` of the FP32 export** (same calibration inputs; "
            "status: cosine against ORT FP32 >= 0.99); ORT INT8 runs ORT's file. "
@@ -303,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--torchscript", action="store_true", help="export with torch.onnx.export(dynamo=False)")
     parser.add_argument("--quant-format", choices=("QDQ", "QOperator"), default="QDQ")
     parser.add_argument("--s8s8", action="store_true", help="int8 activations (default uint8)")
+    parser.add_argument("--reduce-range", action="store_true",
+                        help="7-bit weights (ORT's reduce_range: its advice for CPUs without VNNI, where its u8s8 "
+                             "kernel saturates full-range weights)")
     parser.add_argument("--calibration", type=int, default=4, help="random calibration inputs (1-8, default 4)")
     parser.add_argument("--quantizer", choices=("ort", "tvm_lowprec"), default="ort",
                         help="who quantizes what tvm-lowprec runs: ORT's quantize_static file (checked against ORT "
@@ -327,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or default_out()).resolve()  # the model processes run elsewhere: an absolute path
     out.mkdir(parents=True, exist_ok=True)
     config = RunConfig(cache=str(args.cache), small=args.small or args.quick, size=args.size,
-                       dynamo=not args.torchscript, fmt=args.quant_format, s8s8=args.s8s8,
+                       dynamo=not args.torchscript, fmt=args.quant_format, s8s8=args.s8s8, reduce_range=args.reduce_range,
                        calibration=args.calibration, threads=args.threads, timing="quick" if args.quick else "default",
                        profile=not args.no_profile, quantizer=args.quantizer)
     load_start, git_start = load_average(), git_revision(HERE.parent)

@@ -32,11 +32,14 @@ from .common import DEFAULT_CACHE, ZooModel
 @dataclass(frozen=True)
 class QuantOptions:
     """How the FP32 graph is quantized: ``fmt`` QDQ (default) or QOperator; ``s8s8``: int8 activations
-    (default uint8); ``calibration``: random calibration inputs (at most 8)."""
+    (default uint8); ``calibration``: random calibration inputs (at most 8); ``reduce_range``: 7-bit
+    weights, ORT's advice for CPUs without VNNI (its AVX2 u8s8 kernel, ``vpmaddubsw``, saturates a pair of
+    full-range products; with 7-bit weights it cannot, and tvm-lowprec's AVX2 row takes ``vpmaddubsw`` too)."""
 
     fmt: str = "QDQ"
     s8s8: bool = False
     calibration: int = 4
+    reduce_range: bool = False
 
     def __post_init__(self):
         if self.fmt not in ("QDQ", "QOperator"):
@@ -46,12 +49,13 @@ class QuantOptions:
 
     @property
     def key(self) -> str:
-        return f"{self.fmt.lower()}-{'s8s8' if self.s8s8 else 'u8s8'}-c{self.calibration}"
+        return (f"{self.fmt.lower()}-{'s8s8' if self.s8s8 else 'u8s8'}-c{self.calibration}"
+                + ("-rr" if self.reduce_range else ""))
 
     @property
     def settings(self) -> dict:
         return {**QUANT_SETTINGS, "quant_format": self.fmt, "activation_type": "QInt8" if self.s8s8 else "QUInt8",
-                "calibration_samples": self.calibration}
+                "calibration_samples": self.calibration, "reduce_range": self.reduce_range}
 
 
 def input_specs(model: onnx.ModelProto) -> tuple[InputSpec, ...]:
@@ -84,12 +88,12 @@ def quantize(fp32_path: Path, int8_path: Path, samples: list[dict], options: Qua
     """The default options through the reference models' own :func:`quantize_qdq`; QOperator or S8S8
     through ``quantize_static`` with the same settings otherwise."""
     if options.fmt == "QDQ" and not options.s8s8:
-        quantize_qdq(fp32_path, int8_path, samples)
+        quantize_qdq(fp32_path, int8_path, samples, reduce_range=options.reduce_range)
         return
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     quantize_static(str(fp32_path), str(int8_path), SampleReader(samples),
-                    quant_format=getattr(QuantFormat, options.fmt), per_channel=True, reduce_range=False,
+                    quant_format=getattr(QuantFormat, options.fmt), per_channel=True, reduce_range=options.reduce_range,
                     activation_type=QuantType.QInt8 if options.s8s8 else QuantType.QUInt8,
                     weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
 

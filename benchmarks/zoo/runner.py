@@ -51,6 +51,7 @@ class RunConfig:
     dynamo: bool = True
     fmt: str = "QDQ"
     s8s8: bool = False
+    reduce_range: bool = False
     calibration: int = 4
     threads: list[int] = field(default_factory=lambda: [1, 2])
     timing: str | None = "default"
@@ -137,7 +138,7 @@ def run_model(name: str, config: RunConfig | None = None, result_path: Path | No
     try:
         stamps: dict = {}
         built = build(entry, Path(config.cache), size=size, dynamo=config.dynamo,
-                      options=QuantOptions(config.fmt, config.s8s8, config.calibration), timings=stamps)
+                      options=QuantOptions(config.fmt, config.s8s8, config.calibration, config.reduce_range), timings=stamps)
     except ZooUnavailable as err:
         res.update(status="skipped", error=f"build: {err}")
         rec.flush()
