@@ -143,8 +143,9 @@ def _random_args(func, rng):
 # one thread, measured on a 2-core Zen 4 EPYC under load (best of 15): the attention's sum 56 -> 8 us.
 # The DFL softmax gains only its second thread (53 -> 32 us on two): LLVM had already vectorized the
 # exponentials of the serial loops, and their polynomial bounds it (one thread: 53 -> 55-59 us); the
-# check is that one thread of the nest loses at most 25%
-SPEED_UP = {"yolo-dfl": 0.8, "mobilevit-attention": 3.0}
+# check is that one thread of the nest loses at most 25%. On a Zen 3 (AVX2: 8 float lanes, not 16) the
+# attention's sum 74 -> 28 us (2.7x): the bar is 2x on every host
+SPEED_UP = {"yolo-dfl": 0.8, "mobilevit-attention": 2.0}
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -345,7 +345,8 @@ def test_a_silu_read_by_squeeze_and_excitation_is_quantized(rng):
     assert conv0.activation is not None and conv0.layer.activation is not None
     compiled = tvm_lowprec.compile(qmod, target="native")
     block = 16 * 16 * 16  # the block's tensor: 4096 codes, or 16 KiB in float32
-    floats = [k for k in compiled.kernels() if k.reads is not None and max(k.reads, k.writes) >= 4 * block]
+    floats = [k for k in compiled.kernels() if k.reads is not None and max(k.reads, k.writes) >= 4 * block
+              and k.op not in ("im2col", "pad", "qgemm")]  # the convolutions' own copies and GEMMs read codes
     assert not floats, floats  # the SiLU is a table, its mean and scaling read 8-bit codes
     fp32 = ReferenceEvaluator(model)
     refs = np.stack([fp32.run(None, {"x": x})[0] for x in held])

@@ -58,17 +58,19 @@ def qdq_mlp():
 
 
 def test_the_integer_gemms_take_their_rows_at_run_time_and_match_onnx_runtime(qdq_mlp, rng):
-    """The QDQ MLP: both GEMMs on the row's intrinsic with a symbolic M (named ``M``), the same
-    numbers as ONNX Runtime on the same file at every size, and as the model compiled for one size."""
+    """The QDQ MLP: both GEMMs on the row's intrinsic with a symbolic M (named ``M``), within a step of ONNX
+    Runtime running the same file as written at every size, and exactly the model compiled for one size."""
     with pytest.warns(UserWarning, match="dynamic dimension"):
         compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq_mlp), target="native")
     gemms = [k for k in compiled.kernels() if k.op == "qgemm"]
     assert len(gemms) == 2 and all("_Mx" in k.name for k in gemms)
     assert {k.intrinsic for k in gemms} <= _row_intrinsics()
-    session = ort_session(qdq_mlp)
-    for seq in LENGTHS:
+    session = ort_session(qdq_mlp, optimized=False)  # the graph as written: ORT's optimized u8s8 kernels saturate
+    for seq in LENGTHS:  # pairs of full-range weight products on CPUs without VNNI (AVX2: 24 steps off)
         x = rng.standard_normal((2, seq, 64)).astype(np.float32)
-        np.testing.assert_array_equal(compiled(x)[0], session.run(None, {"x": x})[0])
+        # exact integer sums against the graph's float ones: equal on Zen 3; within a step wherever a float
+        # sum's order moves a rounding
+        assert_within_one_step(compiled(x)[0], session.run(None, {"x": x})[0], output_scale(qdq_mlp), exact_fraction=0.99)
     fixed = tvm_lowprec.compile(tvm_lowprec.from_onnx(qdq_mlp, shape_dict={"x": (2, 7, 64)}), target="native")
     x = rng.standard_normal((2, 7, 64)).astype(np.float32)
     np.testing.assert_array_equal(compiled(x), fixed(x))
@@ -117,7 +119,7 @@ def test_a_torchscript_bert_with_dynamic_axes_compiles_once_and_matches(rng, tmp
     with pytest.warns(UserWarning, match="dynamic dimension"):
         compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(model), target="native")
     assert [k for k in compiled.kernels() if k.op == "qgemm" and k.intrinsic in _row_intrinsics()]
-    session, scale = ort_session(model), output_scale(model)
+    session, scale = ort_session(model, optimized=False), output_scale(model)  # as written (see above)
     for seq in (1, 5, 40):
         ids = rng.integers(0, 256, (1, seq)).astype(np.int64)
         assert_within_one_step(compiled(ids)[0], session.run(None, {"ids": ids})[0], scale, exact_fraction=0.9)
