@@ -39,11 +39,19 @@ _VNNI_YMM_TILES = (
 # Measured on Zen 3, 1024^3, one thread (tiles.py sweep, best of 7): 4x3 spills two accumulators
 # (95 GOPS); 3x3 124; 4x2 124; 5x2 131; 6x2 140; a 512-deep K block gains nothing at 1024 and loses
 # 40% at M=16 (the epilogue cannot be fused under it), so these tiles keep K whole.
+# 6x2 with int16 weights later spilled: LLVM unrolls the K loop by two and loads both steps' B
+# vectors first (12 accumulators + 4 B + broadcast + temporary = 18 ymm), so one accumulator went
+# through the stack and its store-to-load round trip bounded the loop: 101-102 GOPS at 1024^3,
+# 250x384x1536 and 196x128x1152 (Zen 3, one thread, interleaved, best of 9). With int8 weights
+# widened in the loop (vpmovsxbw from memory, each B vector live only for its row products) no
+# register spills: 149, 149 and 142 GOPS, the vpmaddwd peak (137-157: peak/peak_avx2.c), and the
+# packed weights keep half the bytes. 5x2 with int16 weights (16 ymm with the unrolled loads) was level.
 _MADD_YMM_TILES = (
     Tile(1, mr=1, nr=8, why="GEMV: int8 weights widened in the loop (bandwidth-bound: 2x bytes lost 40%)"),
     Tile(2, mr=2, nr=4, wide_b=True, why="8 accumulators + 4 B + broadcast + temporary = 14"),
     Tile(4, mr=4, nr=2, wide_b=True, why="8 accumulators + 2 B + broadcast + temporary = 12"),
-    Tile(6, mr=6, nr=2, wide_b=True, why="12 accumulators + 2 B + broadcast + temporary = 16: no spill"),
+    Tile(6, mr=6, nr=2, why="12 accumulators + broadcast + temporary + B widened in the loop: no spill "
+         "when LLVM unrolls K by two (int16 B, its loads hoisted, spilled an accumulator: 101 vs 149 GOPS)"),
 )
 # 32 zmm registers: 6x4 = 24 accumulators + 4 B + broadcast + temporary = 30.
 _MADD_ZMM_TILES = (
