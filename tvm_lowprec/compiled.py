@@ -535,7 +535,8 @@ def _host_tensor(value: np.ndarray, any_alignment: bool = False):
     """``value`` as a CPU tensor: its own memory through DLPack where TVM's kernels can take it (C-
     contiguous, data 64-byte aligned, writeable: numpy refuses to export a read-only array by the
     DLPack version tvm_ffi asks for), else a 64-byte aligned copy (one memcpy), or TVM's own copy for
-    the dtypes numpy cannot export (ml_dtypes' bfloat16, float8, int4). A 0-d array stays 0-d.
+    the dtypes numpy cannot export (ml_dtypes' bfloat16, float8, int4). A 0-d array stays 0-d; an empty
+    one (a past of length 0) is a new empty tensor.
 
     64 bytes because the generated code assumes it: TVM marks every argument buffer
     ``storage_alignment`` 64, LLVM then emits aligned vector moves (``vmovaps``/``vmovdqa64``), and a
@@ -543,6 +544,8 @@ def _host_tensor(value: np.ndarray, any_alignment: bool = False):
     TVM 0.27; ``tvm.runtime.from_dlpack`` requires 64 for the same reason). ``any_alignment``: the
     model's kernels take this input at any alignment (:mod:`~tvm_lowprec.unaligned_inputs`): no copy
     for alignment."""
+    if value.size == 0:  # numpy's strides of an empty array are not the compact ones TVM checks (an empty past)
+        return tvm.runtime.empty(value.shape, str(value.dtype), tvm.cpu())
     try:
         if value.flags.c_contiguous and value.flags.writeable:
             tensor = tvm_ffi.from_dlpack(value)

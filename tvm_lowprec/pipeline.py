@@ -29,6 +29,7 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 from tvm.relax.backend.cuda import pipeline as cuda
 
+from .scalar_params import opaque_scalar_kernels_pass
 from .quant.batch_norm import batch_norm_module
 from .quant.depthwise_multiplier import depthwise_multiplier_module
 from .quant.fast_math import fast_math_module
@@ -164,6 +165,7 @@ def legalize_and_fuse(mod):
                 relax.transform.DeadCodeElimination(),
                 relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE),  # quantize: NaN -> the lowest code, as ORT
                 relax.transform.AnnotateTIROpPattern(),
+                opaque_scalar_kernels_pass(),  # FuseTIR fails on a scalar parameter beside tir_vars
                 fold_constants_module_pass(),  # not relax's FoldConstant: see quant/fold_constants.py
                 relax.transform.FuseOps(),
                 relax.transform.FuseTIR(),

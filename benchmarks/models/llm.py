@@ -28,23 +28,30 @@ CONFIGS = {
 ARCHITECTURE = "Qwen/Qwen2.5-0.5B"  # the builder's architecture name: no download with -i
 
 
+def hf_folder(config: str, out: Path, seed: int = 0, tied: bool = False) -> Path:
+    """``out/<config>-hf[-tied]``: the transformers model with random weights (``seed``), made now if
+    missing; both exports (the builder's here, the plain one in ``llm_plain.py``) read it."""
+    import torch
+    import transformers
+
+    hf = out / f"{config}-hf{'-tied' if tied else ''}"
+    if not (hf / "config.json").exists():
+        cfg = transformers.Qwen2Config(**CONFIGS[config], max_position_embeddings=4096, tie_word_embeddings=tied)
+        torch.manual_seed(seed)
+        transformers.Qwen2ForCausalLM(cfg).eval().save_pretrained(str(hf))
+    return hf
+
+
 def build(config: str, out: Path, precision: str = "int4", seed: int = 0, tied: bool = False) -> Path:
     """``out/<config>-<precision>[-tied]/model.onnx`` (made now if missing); the Hugging Face folder beside
     it. ``tied``: the output projection shares the token embedding (Qwen2.5-0.5B's own configuration),
     which the builder then writes as a 4-bit ``GatherBlockQuantized`` embedding."""
-    import torch
-    import transformers
-
     suffix = "-tied" if tied else ""
     target = out / f"{config}-{precision}{suffix}"
     model_path = target / "model.onnx"
     if model_path.exists():
         return model_path
-    hf = out / f"{config}-hf{suffix}"
-    if not (hf / "config.json").exists():
-        cfg = transformers.Qwen2Config(**CONFIGS[config], max_position_embeddings=4096, tie_word_embeddings=tied)
-        torch.manual_seed(seed)
-        transformers.Qwen2ForCausalLM(cfg).eval().save_pretrained(str(hf))
+    hf = hf_folder(config, out, seed, tied)
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", ARCHITECTURE, "-i", str(hf),
                     "-o", str(target), "-p", precision, "-e", "cpu", "-c", str(out / "cache")],
                    check=True, stdout=subprocess.DEVNULL)

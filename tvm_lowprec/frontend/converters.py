@@ -17,6 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
+from tvm.sym import Analyzer, ConstIntBound
 
 from ..errors import UnsupportedOperatorError
 from .narrow_types import ROUND_TO
@@ -432,6 +433,56 @@ def _gathered_angles(bb, cache, positions, view):
     return bb.normalize(relax.op.reshape(relax.op.take(cache, positions, axis=0), view))
 
 
+def _integer_scalar(value):
+    """An integer-valued scalar of a ``Range``: an int, or an integer TIR expression (a dimension read by
+    ``Shape``/``Gather``, possibly cast to float: exact below 2**24, so the integer is used); None where
+    it is neither (a float value, a tensor computed at run time)."""
+    if isinstance(value, tvm.ir.GenericConst):
+        array = value.value.numpy()
+        return int(array.item()) if array.size == 1 and float(array.item()).is_integer() else None
+    if isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return int(value.value) if float(value.value).is_integer() else None
+    if isinstance(value, tvm.tirx.Cast) and "int" in str(value.value.ty):
+        value = value.value  # a dimension cast to float for a float Range
+    if tvm.ir.is_prim_expr(value) and "int" in str(value.ty):
+        return value.astype("int64")
+    return None
+
+
+class Range(_tvm_onnx.Range):
+    """ONNX ``Range`` whose bounds are dimensions (``torch.arange(seq)`` exports as ``Range(0,
+    Cast(Gather(Shape(input_ids), 1)), 1)``): the length is the TIR expression ``ceil((limit - start) /
+    delta)`` of the dimensions, so ``arange(seq)`` has the shape ``[seq]`` and broadcasts with the
+    tensors that have ``seq`` rows. TVM's importer computes the length as a tensor and names it a new
+    variable (``range_len_0``), unrelated to ``seq``: every product of the positions with a ``[.., seq,
+    ..]`` tensor lost its shape. Constant bounds, or a step that is not a positive integer, go to TVM's
+    converter."""
+
+    @classmethod
+    def _impl_v12(cls, bb, inputs, attr, params):
+        values = [_tvm_onnx.get_constant(x, params) for x in inputs]
+        start, limit, delta = (_integer_scalar(v) for v in values)
+        symbolic = any(tvm.ir.is_prim_expr(v) and not isinstance(v, tvm.tirx.IntImm) for v in (start, limit))
+        if not symbolic or not isinstance(delta, int) or delta <= 0 or start is None or limit is None:
+            return super()._impl_v12(bb, inputs, attr, params)
+        dtype = str(values[0].ty.dtype) if isinstance(values[0], relax.Expr) else str(values[0].ty)
+        count = tvm.tirx.floordiv(tvm.tirx.const(0, "int64") + limit - start + (delta - 1), delta)
+        analyzer = Analyzer()
+        for var in tvm.tirx.analysis.undefined_vars(count):  # dimensions: never negative
+            analyzer.update(var, ConstIntBound(0, ConstIntBound.POS_INF))
+        count = analyzer.simplify(count)
+        if not analyzer.can_prove(count >= 0):
+            count = tvm.tirx.max(count, tvm.tirx.const(0, "int64"))
+        positions = relax.op.arange(0, count, 1, "int64")
+        if delta != 1:
+            positions = relax.op.multiply(positions, relax.const(delta, "int64"))
+        if not (isinstance(start, int) and start == 0):
+            offset = start if isinstance(start, int) else relax.op.reshape(
+                relax.op.shape_to_tensor(relax.ShapeExpr([start])), ())
+            positions = relax.op.add(positions, relax.const(offset, "int64") if isinstance(offset, int) else offset)
+        return bb.normalize(relax.op.astype(positions, dtype))
+
+
 class RotaryEmbedding(_tvm_onnx.OnnxOpConverter):
     """ONNX Runtime's ``com.microsoft.RotaryEmbedding``: rotary position embedding of ``input`` (3-D
     ``[batch, seq, num_heads * head]`` with the ``num_heads`` attribute, or 4-D ``[batch, num_heads, seq,
@@ -593,10 +644,87 @@ class GroupQueryAttention(_tvm_onnx.OnnxOpConverter):
 
 
 EXTRA_CONVERTERS = {"ConvInteger": ConvInteger, "Clip": Clip, "Pad": Pad, "QuantizeLinear": QuantizeLinear,
-                    "DequantizeLinear": DequantizeLinear, "Celu": Celu, "Swish": Swish,
+                    "DequantizeLinear": DequantizeLinear, "Celu": Celu, "Swish": Swish, "Range": Range,
                     "SimplifiedLayerNormalization": SimplifiedLayerNormalization,
                     "SkipSimplifiedLayerNormalization": SkipSimplifiedLayerNormalization,
                     "RotaryEmbedding": RotaryEmbedding, "GroupQueryAttention": GroupQueryAttention}
+# Element-wise operators whose operands broadcast (ONNX's multidirectional broadcasting)
+BROADCASTING = ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Greater", "Less",
+                "GreaterOrEqual", "LessOrEqual", "Where", "Max", "Min")
+
+
+def _is_compound(dim) -> bool:
+    return not isinstance(dim, (tvm.tirx.IntImm, tvm.tirx.Var))
+
+
+def unify_broadcast_dims(bb, inputs: list) -> list:
+    """``inputs`` of a broadcasting operator with each pair of symbolic dimensions Relax cannot prove
+    equal made one: the operand whose dimension differs is ``match_cast`` to the other's (an
+    expression of the dimensions, such as ``past_sequence_length + sequence_length``, over a bare
+    input dimension such as ``total_sequence_length``), a check at run time. Without it the result's
+    shape is unknown (a causal mask from the keys' length and-ed with the ``attention_mask``'s), and
+    every operator after it loses its shape. Dimensions of 1 and constant ones are left alone: they
+    broadcast, or TVM names the mismatch."""
+    shapes = [list(x.ty.shape) if isinstance(x, relax.Expr) and isinstance(getattr(x, "ty", None), relax.TensorType)
+              and x.ty.shape is not None else None for x in inputs]
+    rank = max((len(sh) for sh in shapes if sh is not None), default=0)
+    if rank == 0 or sum(sh is not None for sh in shapes) < 2:
+        return inputs
+    analyzer = Analyzer()
+    new = [list(sh) if sh is not None else None for sh in shapes]
+    for axis in range(1, rank + 1):  # right-aligned
+        dims = [(i, sh[-axis]) for i, sh in enumerate(shapes) if sh is not None and len(sh) >= axis
+                and not (isinstance(sh[-axis], tvm.tirx.IntImm) and int(sh[-axis]) == 1)]
+        if len(dims) < 2 or any(isinstance(d, tvm.tirx.IntImm) for _, d in dims):
+            continue
+        target = next((d for _, d in dims if _is_compound(d)), dims[0][1])
+        for i, d in dims:
+            if not analyzer.can_prove_equal(d, target):
+                new[i][len(new[i]) - axis] = target
+    out = list(inputs)
+    for i, (old, shape) in enumerate(zip(shapes, new)):
+        if old is not None and any(not a.same_as(b) for a, b in zip(old, shape)):
+            out[i] = bb.match_cast(inputs[i], relax.TensorType(shape, inputs[i].ty.dtype))
+    return out
+
+
+def _scalar_tensor(bb, value):
+    """A symbolic scalar operand (a TIR expression of the dimensions) as a 0-d tensor
+    of its dtype. Left a scalar, it reaches a fused kernel as a scalar parameter beside the shape
+    variable it is an expression of, and TVM's ``FuseTIR`` stops at the variable defined twice
+    (``renew_defs.cc``: ``VarRemapGet(source) == nullptr``): ``arange(seq) + past_length``."""
+    if not tvm.ir.is_prim_expr(value) or isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return None
+    dtype = str(value.ty)
+    inner = value.value if isinstance(value, tvm.tirx.Cast) and "int" in str(value.value.ty) else value
+    if "int" not in str(inner.ty):
+        return None
+    tensor = relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([inner.astype("int64")])), ())
+    return bb.normalize(relax.op.astype(tensor, dtype) if dtype != "int64" else tensor)
+
+
+def _unifying(base):
+    """``base`` (a converter class) with its symbolic scalar operands as tensors where a tensor is among
+    them (:func:`_scalar_tensor`) and its operands' dimensions unified (:func:`unify_broadcast_dims`)."""
+
+    class Unifying(base):
+        @classmethod
+        def get_converter(cls, opset):
+            convert = base.get_converter(opset)
+
+            def run(bb, inputs, attr, params):
+                inputs = list(inputs)
+                if any(isinstance(x, relax.Expr) and isinstance(getattr(x, "ty", None), relax.TensorType) for x in inputs):
+                    tensors = [_scalar_tensor(bb, x) if tvm.ir.is_prim_expr(x) else None for x in inputs]
+                    inputs = [x if t is None else t for x, t in zip(inputs, tensors)]
+                return convert(bb, unify_broadcast_dims(bb, inputs), attr, params)
+
+            return run
+
+    Unifying.__name__ = base.__name__
+    return Unifying
+
+
 # the converters above for operators ONNX Runtime defines in its own domain (TVM's importer keys its
 # table by operator name alone; from_onnx's check accepts these names in this domain too)
 CONTRIB_DOMAIN = "com.microsoft"
@@ -611,6 +739,7 @@ def extra_converters():
     def extended():
         table = dict(original())
         table.update(EXTRA_CONVERTERS)
+        table.update({name: _unifying(table[name]) for name in BROADCASTING if name in table})
         return table
 
     _tvm_onnx._get_convert_map = extended

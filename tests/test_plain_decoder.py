@@ -1,0 +1,96 @@
+"""A decoder exported plainly (torch's exporter: MatMul, Softmax, the RMS norm and the rotary embedding
+as plain operators, the past keys and values concatenated) and quantized by ONNX Runtime's
+``MatMulNBitsQuantizer`` (benchmarks/models/llm_plain.py: the same 2-layer Qwen2-shaped model with
+random weights as the builder's export): it compiles once with every length symbolic, and that one
+compiled model runs prompts of several lengths after pasts of several lengths, matching ONNX Runtime
+on the same file (logits and presents)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import tvm_lowprec
+
+from reference import cosine
+
+pytest.importorskip("transformers", reason="the decoder is made by transformers: pip install -e '.[llm]'")
+
+
+def _plain_module():
+    """benchmarks/models/llm_plain.py, loaded by its path (the suite's own ``models`` module has that name)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "llm_plain.py"
+    spec = importlib.util.spec_from_file_location("tvm_lowprec_bench_llm_plain", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_PLAIN = _plain_module()
+CFG = _PLAIN.CONFIGS["tiny"]
+KV, HEAD = CFG["num_key_value_heads"], CFG["hidden_size"] // CFG["num_attention_heads"]
+
+
+@pytest.fixture(scope="module", params=[32, 128], ids=["block32", "block128"])
+def decoder(request, tmp_path_factory):
+    return _PLAIN.build_plain("tiny", tmp_path_factory.mktemp("plain"), block=request.param)
+
+
+@pytest.fixture(scope="module")
+def compiled(decoder):
+    return tvm_lowprec.compile(tvm_lowprec.from_onnx(str(decoder)), target="native")
+
+
+def _feed(seq: int, past: int, rng) -> dict:
+    feed = {"input_ids": rng.integers(0, CFG["vocab_size"], (1, seq)).astype(np.int64),
+            "attention_mask": np.ones((1, past + seq), np.int64)}
+    for layer in range(CFG["num_hidden_layers"]):
+        for part in ("key", "value"):
+            feed[f"past_key_values.{layer}.{part}"] = rng.standard_normal((1, KV, past, HEAD)).astype(np.float32)
+    return feed
+
+
+def test_the_export_is_plain_with_symbolic_lengths_and_4bit_weights(decoder):
+    model = onnx.load(str(decoder), load_external_data=False)
+    ops = {n.op_type for n in model.graph.node}
+    assert "MatMulNBits" in ops and "Softmax" in ops and "Concat" in ops
+    assert not ops & {"GroupQueryAttention", "SimplifiedLayerNormalization", "RotaryEmbedding"}
+    dims = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    assert {"sequence_length", "past_sequence_length", "total_sequence_length"} <= dims
+
+
+@pytest.fixture(scope="module")
+def ort_float(decoder):
+    """ONNX Runtime on the same file with ``accuracy_level`` 0: ``MatMulNBits`` on float activations,
+    the operator's definition and what tvm-lowprec computes by default (the quantizer writes level 4:
+    ORT then quantizes the activations to int8 per block, about 1e-4 off in cosine)."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(decoder))
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for attr in node.attribute:
+                if attr.name == "accuracy_level":
+                    attr.i = 0
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("seq,past", [(7, 0), (1, 7), (5, 3), (1, 0), (12, 20)])
+def test_one_compile_runs_every_length_and_matches_ort(compiled, ort_float, seq, past):
+    feed = _feed(seq, past, np.random.default_rng(seq * 100 + past))
+    want = dict(zip([o.name for o in ort_float.get_outputs()], ort_float.run(None, feed)))
+    assert any(k.op == "nbits_gemm" for k in compiled.kernels())  # the 4-bit weights stay 4-bit
+    got = compiled(**feed)
+    assert len(got) == len(want)
+    for name, value in zip(want, got):
+        value = np.asarray(value)
+        assert value.shape == want[name].shape, name
+        assert cosine(value, want[name]) >= 0.99999, name
+        np.testing.assert_allclose(value, want[name], rtol=1e-3, atol=1e-4, err_msg=name)
+    assert (np.asarray(got[0])[0, -1].argmax() == want["logits"][0, -1].argmax())
