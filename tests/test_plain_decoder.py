@@ -94,3 +94,17 @@ def test_one_compile_runs_every_length_and_matches_ort(compiled, ort_float, seq,
         assert cosine(value, want[name]) >= 0.99999, name
         np.testing.assert_allclose(value, want[name], rtol=1e-3, atol=1e-4, err_msg=name)
     assert (np.asarray(got[0])[0, -1].argmax() == want["logits"][0, -1].argmax())
+
+
+def test_bad_lengths_and_token_ids_raise_and_name_the_problem(compiled):
+    """A mask whose length is not past + sequence, or a token id past the vocabulary, stops the call
+    with an error (ONNX Runtime refuses both); the process goes on."""
+    feed = _feed(3, 4, np.random.default_rng(1))
+    feed["attention_mask"] = np.ones((1, 9), np.int64)
+    with pytest.raises(Exception, match="match_cast"):
+        compiled(**feed)
+    feed = _feed(3, 4, np.random.default_rng(1))
+    feed["input_ids"][0, 1] = CFG["vocab_size"]
+    with pytest.raises(Exception, match=rf"outside \[0, {CFG['vocab_size']}\)"):
+        compiled(**feed)
+    assert np.asarray(compiled(**_feed(3, 4, np.random.default_rng(1)))[0]).shape == (1, 3, CFG["vocab_size"])

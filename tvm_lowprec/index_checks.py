@@ -9,12 +9,14 @@ outside the table: a segmentation fault, or, silently, garbage logits (seen: ids
 Here every ``take`` whose indices are not a constant reads them through a small kernel that copies
 them and asserts ``0 <= i < extent`` for each (TIR's ``assert``: the call raises, naming the operator
 and the extent, and the process goes on). The copy is of the indices only (a decoder step's few ids).
-Constant indices (checked when folded) and symbolic shapes are left as they are; the pass runs for CPU
-rows only (the kernel's loop is serial host code).
+Indices of a symbolic shape (a prompt's ids, any length) go through one kernel per dtype and extent
+whose count is bound at each call. Constant indices (checked when folded) are left as they are; the
+pass runs for CPU rows only (the kernel's loop is serial host code).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import tvm
@@ -42,6 +44,31 @@ def check_kernel(count: int, dtype: str, extent: int, what: str):
     return check
 
 
+def check_kernel_any_count(dtype: str, extent: int, what: str):
+    """:func:`check_kernel` for a count known at run time (indices of a symbolic shape: a prompt's ids)."""
+    message = f"{what}: an index is outside [0, {extent})"
+    zero, end = tvm.tirx.const(0, dtype), tvm.tirx.const(extent, dtype)
+
+    @T.prim_func(private=True, s_tir=True)
+    def check(a_handle: T.handle, b_handle: T.handle):
+        T.func_attr({"tir.is_scheduled": True, "lowprec.op": OP, "lowprec.schedule": "default", "op_pattern": 8})
+        count = T.int64()
+        a = T.match_buffer(a_handle, (count,), dtype)
+        b = T.match_buffer(b_handle, (count,), dtype)
+        with T.sblock("root"):
+            for i in range(count):
+                assert a[i] >= zero and a[i] < end, message
+                b[i] = a[i]
+
+    return check
+
+
+def _symbolic_shape(expr) -> bool:
+    """Whether ``expr`` is a tensor of known rank and shape with some dimension symbolic."""
+    ty = getattr(expr, "ty", None)
+    return isinstance(ty, relax.TensorType) and ty.shape is not None and len(ty.shape) > 0
+
+
 @relax.expr_functor.mutator
 class _Checker(relax.PyExprMutator):
     def __init__(self, mod):
@@ -57,16 +84,25 @@ class _Checker(relax.PyExprMutator):
             return call
         shape, data_shape = static_shape(indices), static_shape(data)
         dtype = dtype_of(indices)
-        if shape is None or data_shape is None or dtype not in ("int32", "int64"):
+        symbolic = shape is None and _symbolic_shape(indices)
+        if (shape is None and not symbolic) or data_shape is None or dtype not in ("int32", "int64"):
             return call
         axis = int(call.attrs.axis) if call.attrs.axis is not None else 0
         extent = data_shape[axis % len(data_shape)] if data_shape else 1
-        count = max(math.prod(shape), 1)
-        key = (count, dtype, extent)
-        if key not in self.kernels:
-            name = f"{OP}_{dtype}_{count}_below_{extent}"
-            func = check_kernel(count, dtype, extent, f"Gather (take) of {data_shape} along axis {axis}")
-            self.kernels[key] = self.builder_.add_func(func, name)
+        what = f"Gather (take) of {data_shape} along axis {axis}"
+        if symbolic:  # one kernel per dtype and extent, its count bound at each call
+            shape = list(indices.ty.shape)
+            count = functools.reduce(lambda a, b: a * b, shape, tvm.tirx.const(1, "int64"))
+            key = ("any", dtype, extent)
+            if key not in self.kernels:
+                self.kernels[key] = self.builder_.add_func(check_kernel_any_count(dtype, extent, what),
+                                                           f"{OP}_{dtype}_n_below_{extent}")
+        else:
+            count = max(math.prod(shape), 1)
+            key = (count, dtype, extent)
+            if key not in self.kernels:
+                name = f"{OP}_{dtype}_{count}_below_{extent}"
+                self.kernels[key] = self.builder_.add_func(check_kernel(count, dtype, extent, what), name)
         flat = relax.op.reshape(indices, (count,)) if len(shape) != 1 else indices
         checked = relax.call_tir(self.kernels[key], [flat], relax.TensorType((count,), dtype))
         if len(shape) != 1:
