@@ -253,9 +253,7 @@ def class_lines(results: list[dict], peak: float | None) -> list[str]:
     """Each model's class bar and ONNX Runtime's GEMM/conv rate behind it, as a table."""
     rows = ["| model | tags | ORT GEMM/conv GOPS (1 thread) | % of peak | bar |", "|---|---|---:|---:|---:|"]
     for r in results:
-        gops = (r.get("ort_gemm") or {}).get("gops") if isinstance(r.get("ort_gemm"), dict) else None
-        share = checks.ort_gemm_share(r, peak)
-        bar = max(checks.class_bar(r, peak)[0], checks.MIN_RATIO)
+        gops, share, bar = checks.ort_gemm_gops(r), checks.ort_gemm_share(r, peak), checks.class_bar(r, peak)[0]
         rows.append(f"| `{r['model']}` | {', '.join(r.get('tags') or ()) or '—'} | "
                     f"{f'{gops:.0f}' if gops else '—'} | {f'{100 * share:.0f}%' if share is not None else '—'} | "
                     f"{bar:g}x |")
@@ -334,10 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render is not None:
         saved = json.loads((args.render / "results.json").read_text())
         meta, results = saved["metadata"], saved["results"]
-        report = render(results, meta, meta["threads"], (args.render / "report.png").exists())
-        (args.render / "report.md").write_text(report + "\n")
-        print(report)
-        return 1 if args.check and checks.check_lines(results, meta["threads"], meta.get("peak_gops")) else 0
+        return write_report(args.render, results, meta, (args.render / "report.png").exists(), args.check)
     models = args.models or list(zoo.QUICK if args.quick else zoo.DEFAULT)
     timeout = args.timeout or (QUICK_TIMEOUT_S if args.quick else DEFAULT_TIMEOUT_S)
     out = (args.out or default_out()).resolve()  # the model processes run elsewhere: an absolute path
@@ -363,10 +358,16 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(json_safe({"metadata": meta, "results": results}), indent=2) + "\n")
     write_csv([flat_row(r, args.threads) for r in results], out / "results.csv", csv_fields(args.threads))
     plotted = write_ratio_plot(results, args.threads, out / "report.png")
-    report = render(results, meta, args.threads, plotted)
+    return write_report(out, results, meta, plotted, args.check)
+
+
+def write_report(out: Path, results: list[dict], meta: dict, plotted: bool, check: bool) -> int:
+    """``out/report.md`` from a run's results and metadata, printed; the exit status: 1 where ``check``
+    and a bar fails (:func:`checks.check_lines`)."""
+    report = render(results, meta, meta["threads"], plotted)
     (out / "report.md").write_text(report + "\n")
     print(report)
-    return 1 if args.check and checks.check_lines(results, args.threads, peak_gops) else 0
+    return 1 if check and checks.check_lines(results, meta["threads"], meta.get("peak_gops")) else 0
 
 
 if __name__ == "__main__":

@@ -24,10 +24,14 @@ CLASS_BARS = {"cnn": 1.5, "detector": 1.5, "segmentation": 1.5, "transformer": 1
 NEAR_PEAK, NEAR_PEAK_BAR = 0.60, 1.1
 
 
+def ort_gemm_gops(result: dict) -> float | None:
+    """ONNX Runtime's GEMM/conv GOPS at one thread (the run's ``ort_gemm``), or None."""
+    return (result.get("ort_gemm") or {}).get("gops") if isinstance(result.get("ort_gemm"), dict) else None
+
+
 def ort_gemm_share(result: dict, peak_gops: float | None) -> float | None:
-    """ONNX Runtime's GEMM/conv GOPS at one thread (the run's ``ort_gemm``) over ``peak_gops``; None where
-    either is unknown."""
-    gops = (result.get("ort_gemm") or {}).get("gops") if isinstance(result.get("ort_gemm"), dict) else None
+    """:func:`ort_gemm_gops` over ``peak_gops``; None where either is unknown."""
+    gops = ort_gemm_gops(result)
     return gops / peak_gops if gops and peak_gops else None
 
 
@@ -35,15 +39,17 @@ def class_bar(result: dict, peak_gops: float | None) -> tuple[float, str]:
     """The ratio a model must reach by its class, and why: the highest of its tags' :data:`CLASS_BARS`,
     and for a model that is only CNN/detector/segmenter :data:`NEAR_PEAK_BAR` where ONNX Runtime's GEMM
     work is above :data:`NEAR_PEAK` of the peak. Where that share is unknown (no peak program, no ORT
-    profile) the class bar stands."""
+    profile) the class bar stands. Never below :data:`MIN_RATIO` (every model's bar)."""
     tags = [t for t in result.get("tags") or () if t in CLASS_BARS]
     if not tags:
-        return MIN_RATIO, "no class"
+        return MIN_RATIO, "every model"
     bar, tag = max((CLASS_BARS[t], t) for t in tags)
     share = ort_gemm_share(result, peak_gops)
     if "transformer" not in tags and share is not None and share > NEAR_PEAK:
-        return NEAR_PEAK_BAR, f"{tag}, ORT's GEMM work at {100 * share:.0f}% of peak"
-    return bar, tag + (f", ORT's GEMM work at {100 * share:.0f}% of peak" if share is not None else "")
+        bar, tag = NEAR_PEAK_BAR, f"{tag}, ORT's GEMM work at {100 * share:.0f}% of peak"
+    elif share is not None:
+        tag += f", ORT's GEMM work at {100 * share:.0f}% of peak"
+    return max(bar, MIN_RATIO), tag
 
 
 def check_lines(results: list[dict], threads: list[int], peak_gops: float | None = None) -> list[str]:
@@ -68,7 +74,7 @@ def check_lines(results: list[dict], threads: list[int], peak_gops: float | None
                 ratios[r["model"]] = int8 / tvm
         bars = {r["model"]: class_bar(r, peak_gops) for r in results}
         for m, v in ratios.items():
-            bar, why = max((MIN_RATIO, "every model"), bars[m])
+            bar, why = bars[m]
             if v < bar:
                 failed.append(f"`{m}`: {v:.2f}x ORT INT8 at {t} thread(s) (bar {bar:g}x: {why})")
         if ratios and statistics.geometric_mean(ratios.values()) < MIN_GEOMEAN:
