@@ -10,8 +10,10 @@ interleaved and quiesced, each with its default thread policy, each thread count
 activations per block (``--activations int8``, ORT's ``accuracy_level`` 4, which the builder writes) or float. Decode: 1 token after ``--past``; prefill:
 ``--prompt`` tokens after a past of 1 (an empty past is not accepted yet). Reported: ms per call,
 tokens/s, the 4-bit weights' bytes per call (``MatMulNBits`` weights, scales and zero points, read once
-per call) as GB/s, and the ratio ORT / tvm-lowprec. Not yet here: ORT GenAI's own generator loop (its
-KV-cache handling), a KV cache updated in place, symbolic lengths (one compile per shape).
+per call) as GB/s, and the ratio ORT / tvm-lowprec. ``--export plain``: the same model exported plainly
+(``models/llm_plain.py``: torch's exporter, ``MatMulNBitsQuantizer``), compiled once with every length
+symbolic for both points (a prefill then runs after an empty past). ``--generate``: ORT GenAI's own
+generator loop against :class:`tvm_lowprec.llm.Generator` (builder's export only).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from models.llm import CONFIGS, build  # noqa: E402
+from models.llm_plain import build_plain  # noqa: E402
 
 from tvm_lowprec.bench.cli_args import parse_threads  # noqa: E402
 from tvm_lowprec.bench.report import markdown_table  # noqa: E402
@@ -54,18 +57,35 @@ def feed_for(config: str, seq: int, past: int, seed: int = 0) -> dict:
     return feed
 
 
+_SYMBOLIC: dict = {}  # (path, activations) -> (Compiled, compile seconds): one compile serves every point
+
+
+def compile_for(path: Path, feed: dict, activations: str, symbolic: bool):
+    """``(Compiled, seconds)``: the model with its lengths pinned to ``feed``'s, or (``symbolic``) with every
+    length symbolic, compiled once for all points."""
+    import tvm_lowprec
+
+    key = (str(path), activations)
+    if symbolic and key in _SYMBOLIC:
+        return _SYMBOLIC[key]
+    start = time.perf_counter()
+    shapes = None if symbolic else {k: v.shape for k, v in feed.items()}
+    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(str(path), shape_dict=shapes), target="native",
+                                   weight_only=tvm_lowprec.WeightOnlyConfig(activations=activations))
+    made = compiled, time.perf_counter() - start
+    if symbolic:
+        _SYMBOLIC[key] = made
+    return made
+
+
 def measure(path: Path, config: str, name: str, seq: int, past: int, threads: list[int], weight_bytes: int,
-            activations: str = "float") -> list[dict]:
+            activations: str = "float", symbolic: bool = False) -> list[dict]:
     import onnxruntime as ort
 
-    import tvm_lowprec
     from tvm_lowprec.bench.timing import measure_interleaved, wall_loop
 
     feed = feed_for(config, seq, past)
-    start = time.perf_counter()
-    compiled = tvm_lowprec.compile(tvm_lowprec.from_onnx(str(path), shape_dict={k: v.shape for k, v in feed.items()}),
-                                   target="native", weight_only=tvm_lowprec.WeightOnlyConfig(activations=activations))
-    compile_s = time.perf_counter() - start
+    compiled, compile_s = compile_for(path, feed, activations, symbolic)
     rows = []
     for t in threads:
         options = ort.SessionOptions()
@@ -77,7 +97,8 @@ def measure(path: Path, config: str, name: str, seq: int, past: int, threads: li
         times = measure_interleaved({"tvm-lowprec": wall_loop(lambda: compiled(**feed)),
                                      "ort": wall_loop(lambda: session.run(None, feed))}, quiesce=True)
         ours, theirs = times["tvm-lowprec"].seconds, times["ort"].seconds
-        rows.append({"point": name, "activations": activations, "seq": seq, "past": past, "threads": t, "compile_s": round(compile_s, 1),
+        rows.append({"point": name, "activations": activations, "symbolic": symbolic, "seq": seq, "past": past, "threads": t,
+                     "compile_s": round(compile_s, 1),
                      "tvm_ms": ours * 1e3, "ort_ms": theirs * 1e3, "ratio": theirs / ours,
                      "tvm_tokens_s": seq / ours, "ort_tokens_s": seq / theirs,
                      "tvm_weight_gbs": weight_bytes / ours / 1e9, "ort_weight_gbs": weight_bytes / theirs / 1e9,
@@ -187,6 +208,10 @@ def main(argv=None) -> None:
                         help="tvm-lowprec's 4-bit layers: int8 activations per block (as ORT's accuracy_level 4, "
                              "which ORT GenAI's builder writes; default) or float")
     parser.add_argument("--models", type=Path, default=Path("/tmp/tvm-lowprec-llm"))
+    parser.add_argument("--export", choices=["builder", "plain"], default="builder",
+                        help="ORT GenAI's builder (lengths pinned per point), or the plain torch export quantized by "
+                             "MatMulNBitsQuantizer (models/llm_plain.py; every length symbolic, one compile)")
+    parser.add_argument("--block", type=int, default=32, choices=[32, 128], help="the plain export's 4-bit block")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/llm"))
     parser.add_argument("--same-process", action="store_true",
                         help="every thread count in this process (Compiled.num_threads switched between them); by "
@@ -199,7 +224,11 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (--generate)")
     parser.add_argument("--rows-json", type=Path, help=argparse.SUPPRESS)  # a child's rows, for its parent
     args = parser.parse_args(argv)
-    path = build(args.config, args.models)
+    if args.generate and args.export == "plain":
+        parser.error("--generate runs tvm_lowprec.llm.Generator, whose in-place cache needs the builder's "
+                     "GroupQueryAttention: use --export builder")
+    path = build(args.config, args.models) if args.export == "builder" else build_plain(args.config, args.models, args.block)
+    symbolic = args.export == "plain"  # its lengths stay symbolic: one compile for both points
     weight_bytes = nbits_bytes(path)
     if len(args.threads) > 1 and not args.same_process:
         rows = [row for t in args.threads for row in _child_rows(argv if argv is not None else sys.argv[1:], t)]
@@ -207,8 +236,9 @@ def main(argv=None) -> None:
         rows = [row for t in args.threads for row in measure_generation(path, t, args.prompt, args.new_tokens,
                                                                         args.rounds, args.chunk, weight_bytes)]
     else:
-        rows = measure(path, args.config, "decode", 1, args.past, args.threads, weight_bytes, args.activations)
-        rows += measure(path, args.config, "prefill", args.prompt, 1, args.threads, weight_bytes, args.activations)
+        rows = measure(path, args.config, "decode", 1, args.past, args.threads, weight_bytes, args.activations, symbolic)
+        rows += measure(path, args.config, "prefill", args.prompt, 0 if symbolic else 1, args.threads, weight_bytes,
+                        args.activations, symbolic)
     if args.rows_json is not None:
         args.rows_json.write_text(json.dumps(rows))
         return
@@ -222,7 +252,9 @@ def main(argv=None) -> None:
     body = [[r["point"] + f" ({r['seq']} after {r['past']})", r["threads"], r["compile_s"], f"{r['tvm_ms']:.3f}",
              f"{r['ort_ms']:.3f}", f"**{r['ratio']:.2f}x**", f"{r['tvm_tokens_s']:.1f}", f"{r['ort_tokens_s']:.1f}",
              f"{r['tvm_weight_gbs']:.1f}", f"{r['ort_weight_gbs']:.1f}", f"{r['logits_cosine']:.6f}"] for r in rows]
-    text = "\n".join([f"# {args.config} decoder (ORT GenAI builder, int4): tvm-lowprec vs ONNX Runtime", "",
+    export = ("ORT GenAI builder, int4" if args.export == "builder" else
+              f"plain torch export + MatMulNBitsQuantizer block {args.block}, every length symbolic: one compile")
+    text = "\n".join([f"# {args.config} decoder ({export}): tvm-lowprec vs ONNX Runtime", "",
                       f"tvm-lowprec's activations: {args.activations}", "",
                       f"4-bit weights read per call: {weight_bytes / 1e6:.1f} MB", "", *markdown_table(head, body)])
     (args.out / "report.md").write_text(text + "\n")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -107,8 +108,8 @@ def _check_against_transformers(model, plain, layers: int, kv: int, head: int) -
 
 
 def build_plain(config: str, out: Path, block: int = 32, seed: int = 0, tied: bool = False) -> Path:
-    """``out/<config>-plain-int4-b<block>[-tied]/model.onnx`` (made now if missing): the float export
-    (``model.fp32.onnx`` beside it) and its MatMul weights in 4 bits by ``MatMulNBitsQuantizer``."""
+    """``out/<config>-plain-int4-b<block>[-tied]/model.onnx`` (made now if missing): the float export with
+    its MatMul weights in 4 bits by ``MatMulNBitsQuantizer`` (the float file is removed once quantized)."""
     import onnx
     import torch
     import transformers
@@ -136,7 +137,9 @@ def build_plain(config: str, out: Path, block: int = 32, seed: int = 0, tied: bo
             "logits": {0: DIMS[0], 1: DIMS[1]}}
     axes.update({n: {0: DIMS[0], 2: DIMS[2]} for n in past_names})
     axes.update({n: {0: DIMS[0], 2: DIMS[3]} for n in present_names})
-    fp32_path = target / "model.fp32.onnx"
+    fp32_dir = target / "fp32"  # the float export and its external weights, removed once quantized
+    fp32_dir.mkdir(exist_ok=True)
+    fp32_path = fp32_dir / "model.onnx"
     with torch.no_grad():
         torch.onnx.export(plain, example, str(fp32_path), input_names=["input_ids", "attention_mask", *past_names],
                           output_names=["logits", *present_names], dynamic_axes=axes, opset_version=17, dynamo=False)
@@ -144,7 +147,9 @@ def build_plain(config: str, out: Path, block: int = 32, seed: int = 0, tied: bo
     quantizer = MatMulNBitsQuantizer(onnx.load(str(fp32_path)), bits=4, block_size=block, is_symmetric=True,
                                      accuracy_level=4)
     quantizer.process()
-    quantizer.model.save_model_to_file(str(model_path), use_external_data_format=False)
+    large = quantizer.model.model.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit
+    quantizer.model.save_model_to_file(str(model_path), use_external_data_format=large)
+    shutil.rmtree(fp32_dir)
     return model_path
 
 
