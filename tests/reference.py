@@ -81,3 +81,20 @@ def intrinsic_free_module(lib, spec):
     if mode == "emulated":
         return load_emulated(lib)[0]
     pytest.skip(f"{spec.name} cannot run here: {unavailable_reason()}")
+
+
+def benchmark_module(relative: str):
+    """A module of ``benchmarks/`` loaded by its path (``"models/llm.py"``): the suite's own ``models``
+    module has the name ``benchmarks/models`` would take."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / relative
+    name = "tvm_lowprec_bench_" + relative.replace("/", "_").removesuffix(".py")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

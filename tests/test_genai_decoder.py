@@ -5,30 +5,18 @@ for a few tokens after a past and for one decode step."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 
 import tvm_lowprec
 
-from reference import cosine
+from reference import benchmark_module, cosine
 
 pytest.importorskip("transformers", reason="the decoder is made by transformers: pip install -e '.[llm]'")
 pytest.importorskip("onnxruntime_genai", reason="ORT GenAI's model builder exports it: pip install -e '.[llm]'")
 
-def _llm_module():
-    """benchmarks/models/llm.py, loaded by its path (the suite's own ``models`` module has that name)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "llm.py"
-    spec = importlib.util.spec_from_file_location("tvm_lowprec_bench_llm", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_LLM = _llm_module()
+_LLM = benchmark_module("models/llm.py")
 CONFIGS, build = _LLM.CONFIGS, _LLM.build
 
 

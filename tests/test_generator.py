@@ -5,13 +5,10 @@ present tensors, the past concatenated)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from reference import cosine
+from reference import benchmark_module, cosine
 
 pytest.importorskip("transformers", reason="the decoder is made by transformers: pip install -e '.[llm]'")
 pytest.importorskip("onnxruntime_genai", reason="ORT GenAI's model builder exports it: pip install -e '.[llm]'")
@@ -24,11 +21,7 @@ MAX_LENGTH, CHUNK, STEPS = 48, 8, 12
 
 
 def _build():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "llm.py"
-    spec = importlib.util.spec_from_file_location("tvm_lowprec_bench_llm", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build
+    return benchmark_module("models/llm.py").build
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])

@@ -7,30 +7,18 @@ on the same file (logits and presents)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 
 import tvm_lowprec
 
-from reference import cosine
+from reference import benchmark_module, cosine
 
 pytest.importorskip("transformers", reason="the decoder is made by transformers: pip install -e '.[llm]'")
 
 
-def _plain_module():
-    """benchmarks/models/llm_plain.py, loaded by its path (the suite's own ``models`` module has that name)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "llm_plain.py"
-    spec = importlib.util.spec_from_file_location("tvm_lowprec_bench_llm_plain", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_PLAIN = _plain_module()
+_PLAIN = benchmark_module("models/llm_plain.py")
 CFG = _PLAIN.CONFIGS["tiny"]
 KV, HEAD = CFG["num_key_value_heads"], CFG["hidden_size"] // CFG["num_attention_heads"]
 

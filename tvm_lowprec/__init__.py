@@ -87,7 +87,7 @@ def _dynamic_shapes_named(mod):
         yield
     except LowPrecError:
         raise
-    except (AssertionError, TypeError, ValueError, IndexError, RuntimeError) as err:
+    except (AssertionError, AttributeError, TypeError, ValueError, IndexError, KeyError, RuntimeError) as err:
         if dynamic is None:
             raise
         raise DynamicShapeError(str(dynamic)) from err

@@ -117,8 +117,8 @@ def from_onnx(model_or_path, shape_dict: dict | None = None):
             mod = relax_from_onnx(model, keep_params_in_input=False)
     except LowPrecError:
         raise
-    except (AssertionError, TypeError, ValueError, IndexError, RuntimeError) as err:
-        if dynamic:  # TVM's importer fails inside on symbolic shapes: say what to fix instead
+    except (AssertionError, AttributeError, TypeError, ValueError, IndexError, KeyError, RuntimeError) as err:
+        if dynamic:  # TVM's importer fails inside on symbolic shapes (a Resize's sizes): say what to fix instead
             raise DynamicShapeError(dynamic.message()) from err
         raise
     linear = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node) if n.op_type in LINEAR_NODES]
