@@ -428,6 +428,19 @@ def _count_tensor(bb, value, dtype="int64"):
     return bb.normalize(relax.op.astype(relax.op.shape_to_tensor(relax.ShapeExpr([value])), dtype))
 
 
+def _count_scalar(bb, value, dtype="int64"):
+    """A symbolic count as a 0-d tensor of ``dtype`` (:func:`_count_tensor` without its axis)."""
+    return bb.normalize(relax.op.reshape(_count_tensor(bb, value, dtype), ()))
+
+
+def _uncast_integer(value):
+    """``value`` without a cast of an integer expression to another type (a dimension read by ``Shape`` and
+    cast to float: exact below 2**24, so the integer stands for it)."""
+    if isinstance(value, tvm.tirx.Cast) and "int" in str(value.value.ty):
+        return value.value
+    return value
+
+
 def _gathered_angles(bb, cache, positions, view):
     """``cache[positions]`` (``[.., half]``) reshaped to ``view``, to broadcast over the heads."""
     return bb.normalize(relax.op.reshape(relax.op.take(cache, positions, axis=0), view))
@@ -442,8 +455,7 @@ def _integer_scalar(value):
         return int(array.item()) if array.size == 1 and float(array.item()).is_integer() else None
     if isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
         return int(value.value) if float(value.value).is_integer() else None
-    if isinstance(value, tvm.tirx.Cast) and "int" in str(value.value.ty):
-        value = value.value  # a dimension cast to float for a float Range
+    value = _uncast_integer(value)  # a dimension cast to float for a float Range
     if tvm.ir.is_prim_expr(value) and "int" in str(value.ty):
         return value.astype("int64")
     return None
@@ -477,8 +489,7 @@ class Range(_tvm_onnx.Range):
         if delta != 1:
             positions = relax.op.multiply(positions, relax.const(delta, "int64"))
         if not (isinstance(start, int) and start == 0):
-            offset = start if isinstance(start, int) else relax.op.reshape(
-                relax.op.shape_to_tensor(relax.ShapeExpr([start])), ())
+            offset = start if isinstance(start, int) else _count_scalar(bb, start)
             positions = relax.op.add(positions, relax.const(offset, "int64") if isinstance(offset, int) else offset)
         return bb.normalize(relax.op.astype(positions, dtype))
 
@@ -695,12 +706,10 @@ def _scalar_tensor(bb, value):
     (``renew_defs.cc``: ``VarRemapGet(source) == nullptr``): ``arange(seq) + past_length``."""
     if not tvm.ir.is_prim_expr(value) or isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
         return None
-    dtype = str(value.ty)
-    inner = value.value if isinstance(value, tvm.tirx.Cast) and "int" in str(value.value.ty) else value
+    inner = _uncast_integer(value)
     if "int" not in str(inner.ty):
         return None
-    tensor = relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([inner.astype("int64")])), ())
-    return bb.normalize(relax.op.astype(tensor, dtype) if dtype != "int64" else tensor)
+    return _count_scalar(bb, inner.astype("int64"), str(value.ty))
 
 
 def _unifying(base):
