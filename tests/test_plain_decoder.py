@@ -96,3 +96,12 @@ def test_bad_lengths_and_token_ids_raise_and_name_the_problem(compiled):
     with pytest.raises(Exception, match=rf"outside \[0, {CFG['vocab_size']}\)"):
         compiled(**feed)
     assert np.asarray(compiled(**_feed(3, 4, np.random.default_rng(1)))[0]).shape == (1, 3, CFG["vocab_size"])
+
+
+def test_the_cache_is_neither_repeated_per_query_head_nor_copied_to_reshape_it(compiled):
+    """The tiny decoder has 4 query heads over 2 key/value heads: its attention reads each cached head
+    in place for both of its query heads (no ``broadcast_to`` kernel), and no kernel copies a tensor of
+    the run-time lengths only to reshape it (``R.reshape`` views)."""
+    kernels = compiled.kernels()
+    assert not [k.name for k in kernels if k.op == "broadcast_to"]
+    assert not [k.name for k in kernels if k.op == "reshape" and "sequence_length" in str(k.shape)]

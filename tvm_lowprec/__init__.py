@@ -90,7 +90,8 @@ def _dynamic_shapes_named(mod):
     except (AssertionError, AttributeError, TypeError, ValueError, IndexError, KeyError, RuntimeError) as err:
         if dynamic is None:
             raise
-        raise DynamicShapeError(str(dynamic)) from err
+        cause = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        raise DynamicShapeError(f"{dynamic} (compiling with them failed: {cause})") from err
 
 
 def _tuned_schedules(database, spec, num_threads):

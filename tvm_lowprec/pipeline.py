@@ -41,6 +41,7 @@ from .quant.float_qdq import float_qdq_module
 from .quant.fold_qdq import fold_qdq_module
 from .quant.integer_binary import integer_binary_module
 from .quant.integer_mean import integer_mean_module
+from .quant.grouped_attention import grouped_attention_module
 from .quant.legalize import LEGALIZE
 from .quant.lookup_epilogue import lookup_epilogue_module
 from .quant.norm_stats import norm_stats_module
@@ -123,6 +124,7 @@ FINISH = (("norm_stats", norm_stats_module), ("integer_mean", integer_mean_modul
 def rewrites(spec, requant_mode: str = "float", fast_math: bool = True, weight_only=None) -> list:
     """Phase 1, in order: ``(name, module -> module)`` (``benchmarks/compile_phases.py`` times each)."""
     return [
+        ("grouped_attention", grouped_attention_module),
         ("weight_only", lambda m: weight_only_module(m, spec, weight_only)),
         ("depthwise_multiplier", depthwise_multiplier_module),
         ("qdq_to_integer", lambda m: rewrite_module(m, spec, requant_mode)),
