@@ -33,6 +33,8 @@ from models.llm import CONFIGS, build  # noqa: E402
 from models.llm_plain import build_plain  # noqa: E402
 
 from tvm_lowprec.bench.cli_args import parse_threads  # noqa: E402
+from model_bench import LOWPREC_ROOT, git_revision  # noqa: E402
+from tvm_lowprec.bench.hostinfo import collect_metadata, host_line  # noqa: E402
 from tvm_lowprec.bench.report import markdown_table  # noqa: E402
 
 
@@ -243,8 +245,9 @@ def main(argv=None) -> None:
         args.rows_json.write_text(json.dumps(rows))
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    meta = collect_metadata(benchmark=f"llm_bench {args.config} {args.export}", git=git_revision(LOWPREC_ROOT))
     (args.out / "results.json").write_text(json.dumps({"config": args.config, "weight_bytes": weight_bytes,
-                                                       "rows": rows}, indent=1))
+                                                       "meta": meta, "rows": rows}, indent=1))
     if args.generate:
         return write_generation_report(args, rows, weight_bytes)
     head = ["point", "threads", "compile s", "tvm-lowprec ms", "ORT ms", "ORT / tvm-lowprec", "tvm tokens/s",
@@ -254,7 +257,7 @@ def main(argv=None) -> None:
              f"{r['tvm_weight_gbs']:.1f}", f"{r['ort_weight_gbs']:.1f}", f"{r['logits_cosine']:.6f}"] for r in rows]
     export = ("ORT GenAI builder, int4" if args.export == "builder" else
               f"plain torch export + MatMulNBitsQuantizer block {args.block}, every length symbolic: one compile")
-    text = "\n".join([f"# {args.config} decoder ({export}): tvm-lowprec vs ONNX Runtime", "",
+    text = "\n".join([f"# {args.config} decoder ({export}): tvm-lowprec vs ONNX Runtime", "", host_line(meta), "",
                       f"tvm-lowprec's activations: {args.activations}", "",
                       f"4-bit weights read per call: {weight_bytes / 1e6:.1f} MB", "", *markdown_table(head, body)])
     (args.out / "report.md").write_text(text + "\n")

@@ -97,3 +97,13 @@ def collect_metadata(**run_info) -> dict:
         "loadavg_end": load_average(),
         **run_info,
     }
+
+
+def host_line(meta: dict) -> str:
+    """One line naming when and where a run of :func:`collect_metadata`'s ``meta`` ran: date, CPU model,
+    logical CPUs, the :data:`HOST_FLAGS` it has, LLVM's name for the CPU (and ``meta["git"]`` if any)."""
+    cpu = meta["host"]["cpu"]
+    flags = ", ".join(flag for flag, present in cpu["flags"].items() if present) or "none of " + ", ".join(cpu["flags"])
+    git = f"; tvm-lowprec @ {meta['git']}" if meta.get("git") else ""
+    return (f"{meta['date']} · **{cpu['model']}** ({cpu['logical_cpus']} logical CPUs; {flags}; LLVM: "
+            f"`{meta['target']['llvm_host_cpu']}`){git}")
