@@ -100,6 +100,12 @@ _NIBBLE_TILES = (
     Tile(1, mr=1, nr=8, why="GEMV: 8 accumulators, one contiguous weight stream per task"),
     Tile(2, mr=2, nr=4, why="two rows share each weight vector's unpacking (M=16: 4.5 ms vs 6.2 ms at 1x8)"),
 )
+# vpmaddubsw ymm (AVX2 without VNNI), int8 activations: the GEMV tile for every M. Measured again on
+# Zen 3 (block 32, interleaved, best of 7, both tiles built and timed in one process): 2x4 lost at
+# every M, 4096x4096 at 1 thread M=16 4.64 vs 4.31 ms, M=128 35.0 vs 31.7 (2 threads 16.5 vs 15.6);
+# 128x896x4864 9.33 vs 8.60; and a symbolic M (one compile for decode and prefill) takes the tile of
+# SYMBOLIC_ROWS, so 2x4 ran the decode step's GEMVs with a padded row: 1x4864x896 175 vs 79 us.
+_NIBBLE_UBSW_YMM_TILES = (_NIBBLE_TILES[0],)
 # Float activations: from M = 4 each K block of a task is dequantized once (s * q - s * z, float) into a
 # buffer in L1 that every row tile then reads, a plain FMA GEMM; below, widening in registers per tile
 # costs less than the buffer's stores. Measured on Zen 3 (ymm, 4096x4096, block 32, 1 thread, busy host,
@@ -229,7 +235,7 @@ X86_TARGETS = (
         llvm={"kind": "llvm", "mcpu": "haswell"},
         features=("avx2",),
         gemm=PMADDWD_256,
-        nibble=GemmRecipe(NIBBLE_UBSW_256, _NIBBLE_TILES),
+        nibble=GemmRecipe(NIBBLE_UBSW_256, _NIBBLE_UBSW_YMM_TILES),
         nibble_float=_NIBBLE_FLOAT_TILES,
         tiles=_MADD_YMM_TILES,
         int16=_INT16_YMM,
