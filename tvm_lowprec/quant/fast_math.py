@@ -1,5 +1,7 @@
 """Pass: TVM's FastMathTransform, with each float GELU first written as the ``erf`` (or ``tanh``) it
-computes, so that TVM's vectorizable polynomials replace those too.
+computes and each float sigmoid as ``1 / (1 + exp(-x))``, so that TVM's vectorizable polynomials
+replace those too (a decoder's SwiGLU, ``x * sigmoid(x) * up``, 4864 elements a token: 27 us through
+libm's ``expf`` per element, Zen 3).
 
 FastMathTransform swaps ``relax.exp``, ``relax.erf``, ``relax.tanh`` and softmax for their fast forms
 (relative error about 1e-6), but not ``relax.nn.gelu`` / ``gelu_tanh``, which TVM legalizes to
@@ -28,11 +30,15 @@ def _c(value: float):
 class _Decompose(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in ("relax.nn.gelu", "relax.nn.gelu_tanh"):
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in ("relax.nn.gelu", "relax.nn.gelu_tanh",
+                                                                      "relax.sigmoid"):
             return call
         if dtype_of(call) != "float32":
             return call
         x = call.args[0]
+        if call.op.name == "relax.sigmoid":  # 1 / (1 + exp(-x)): exp(88) is finite, exp(-88) > 0
+            exp = self.builder_.emit(relax.op.exp(relax.op.negative(x)))
+            return relax.op.divide(_c(1.0), relax.op.add(_c(1.0), exp))
         if call.op.name == "relax.nn.gelu":  # x * (0.5 + erf(x * sqrt(0.5)) * 0.5)
             erf = self.builder_.emit(relax.op.erf(relax.op.multiply(x, _c(0.5 ** 0.5))))
             return relax.op.multiply(x, relax.op.add(_c(0.5), relax.op.multiply(erf, _c(0.5))))
