@@ -158,7 +158,7 @@ class QGemmProblem:
 def round_up(x, m: int):
     """``x`` rounded up to a multiple of ``m``; a symbolic ``x`` (a TIR variable) gives the expression."""
     if not isinstance(x, int):
-        return tirx.floordiv(x + (m - 1), m) * m
+        return x if m == 1 else tirx.floordiv(x + (m - 1), m) * m
     return (x + m - 1) // m * m
 
 
