@@ -86,6 +86,7 @@ def emit_int4(builder, x, dq: DequantizedConst, spec, config):
     rows = dataclasses.replace(p, m=m).m_padded  # the padded rows in the graph's own terms
     y = builder.emit(relax.call_tir(gvar, args, relax.TensorType((rows, *p.out_shape[1:]), "float32")))
     y = builder.emit(relax.op.reshape(y, (rows, p.n_padded)))
-    if p.n_padded != n or not (rows is m if symbolic else rows == m):  # a 1-row tile pads no rows: no copy
+    pads_rows = p.mr > 1 and (symbolic or rows != m)  # a 1-row tile pads no rows: its output is used as it is
+    if pads_rows or p.n_padded != n:
         y = builder.emit(relax.op.strided_slice(y, axes=[0, 1], begin=[0, 0], end=[m, n]))
     return builder.emit(relax.op.reshape(y, (*lead, n))) if len(lead) != 1 else y
