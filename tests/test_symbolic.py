@@ -227,6 +227,34 @@ def test_scores_against_keys_as_stored_take_the_float_matmul_rule(rows, rng):
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_decode_scores_against_a_symbolic_cache_take_the_float_matmul_rule(rng):
+    """A decode step's ``Q @ K^T`` as a plain export writes it: batch, queries and keys all symbolic,
+    ``[batch, 2, 7 * s, 64] x [batch, 2, 64, past + s]`` (the transposed cache). The rule pads the keys
+    to whole column tiles (a predicated tile would be scalarized), not the generic schedule; the same
+    values as numpy for key counts under a tile, between tiles and on a tile's edge."""
+    from tvm_lowprec.schedule.fp32_matmul import Fp32MatmulRule
+
+    if getattr(SPEC, "fma", None) is None:
+        pytest.skip(f"the {SPEC.name} row has no FMA recipe")
+    batch, s, past = (tvm.tirx.Var(n, "int64") for n in ("batch", "s", "past"))
+    a = te.placeholder((batch, 2, 7 * s, 64), "float32", name="a")
+    b = te.placeholder((batch, 2, 64, past + s), "float32", name="b")
+    k = te.reduce_axis((0, 64), "k")
+    c = te.compute((batch, 2, 7 * s, past + s), lambda x, h, i, j: te.sum(a[x, h, i, k] * b[x, h, k, j], axis=k), name="c")
+    func = te.create_prim_func([a, b, c, s, past])
+    sch = schedule_func(func, SPEC)
+    assert sch is not None and Fp32MatmulRule().apply(func, SPEC) is not None
+    script = sch.mod["main"].script()
+    assert "b_pad" in script and "T.vectorized" in script and "T.parallel" in script
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=SPEC.tvm_target(2))
+    for n, total, batches in ((1, 5, 1), (1, 129, 1), (3, 48, 2), (2, 33, 1)):
+        x = rng.standard_normal((batches, 2, 7 * n, 64)).astype(np.float32)
+        y = rng.standard_normal((batches, 2, 64, total)).astype(np.float32)
+        out = tvm.runtime.tensor(np.zeros((batches, 2, 7 * n, total), np.float32))
+        lib(tvm.runtime.tensor(x), tvm.runtime.tensor(y), out, n, total - n)
+        np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+
+
 def test_masked_scores_keep_the_float_matmul_rule(rng):
     """A prompt's scores as the GroupQueryAttention converter writes them: a causal mask computed
     before the product (key position <= query position) and applied after it. The mask is inlined into
