@@ -245,7 +245,7 @@ def test_decode_scores_against_a_symbolic_cache_take_the_float_matmul_rule(rng):
     sch = schedule_func(func, SPEC)
     assert sch is not None and Fp32MatmulRule().apply(func, SPEC) is not None
     script = sch.mod["main"].script()
-    assert "b_pad" in script and "T.vectorized" in script and "T.parallel" in script
+    assert "b_pad" in script and "a_pad" in script and "T.vectorized" in script and "T.parallel" in script
     lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=SPEC.tvm_target(2))
     for n, total, batches in ((1, 5, 1), (1, 129, 1), (3, 48, 2), (2, 33, 1)):
         x = rng.standard_normal((batches, 2, 7 * n, 64)).astype(np.float32)
