@@ -13,7 +13,8 @@ tokens/s, the 4-bit weights' bytes per call (``MatMulNBits`` weights, scales and
 per call) as GB/s, and the ratio ORT / tvm-lowprec. ``--export plain``: the same model exported plainly
 (``models/llm_plain.py``: torch's exporter, ``MatMulNBitsQuantizer``), compiled once with every length
 symbolic for both points (a prefill then runs after an empty past). ``--generate``: ORT GenAI's own
-generator loop against :class:`tvm_lowprec.llm.Generator` (builder's export only).
+generator loop against :class:`tvm_lowprec.llm.Generator`; with ``--export plain``, which ORT GenAI has no
+config for, an ONNX Runtime session loop feeding each call's presents back as pasts (:func:`ort_plain_loop`).
 """
 
 from __future__ import annotations
@@ -109,16 +110,46 @@ def measure(path: Path, config: str, name: str, seq: int, past: int, threads: li
     return rows
 
 
+def ort_plain_loop(path: Path, threads: int, layout):
+    """A plain export on an ONNX Runtime session, as ORT GenAI runs a decoder without its builder's config:
+    the prompt in one call, then a token per call, each call's presents fed back as the next call's pasts.
+    Returns ``run(prompt, new_tokens) -> (prefill s, decode s per token, tokens)``."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
+    def run(prompt, new_tokens):
+        past = {p: np.zeros((1, layout.kv_heads, 0, layout.head_size), np.float32) for p, _ in layout.pasts}
+        ids, total, tokens = [int(t) for t in prompt], 0, []
+        t0 = t1 = time.perf_counter()
+        for step in range(new_tokens + 1):
+            out = dict(zip(names, session.run(None, {layout.tokens: np.asarray([ids], np.int64),
+                                                      layout.mask: np.ones((1, total + len(ids)), np.int64), **past})))
+            total += len(ids)
+            past = {p: out[q] for p, q in layout.pasts}
+            if step == 0:
+                t1 = time.perf_counter()
+            if step == new_tokens:
+                break
+            tokens.append(int(np.argmax(out[layout.logits][0, -1])))
+            ids = [tokens[-1]]
+        return t1 - t0, (time.perf_counter() - t1) / new_tokens, tokens
+
+    return run
+
+
 def measure_generation(path: Path, threads: int, prompt_len: int, new_tokens: int, rounds: int, chunk: int,
-                       weight_bytes: int) -> list[dict]:
+                       weight_bytes: int, plain: bool = False) -> list[dict]:
     """``tvm_lowprec.llm.Generator`` against ORT GenAI's own generator loop (``og.Generator``:
-    ``append_tokens`` of the prompt, then ``generate_next_token``), greedy, on the same folder and prompt,
+    ``append_tokens`` of the prompt, then ``generate_next_token``; a plain export, which ORT GenAI has no
+    config for: :func:`ort_plain_loop`), greedy, on the same folder and prompt,
     ``threads`` threads each (ORT GenAI's through its config overlay; TVM's pool set by the process),
     ``rounds`` interleaved rounds, quiesced before each; the median round. Prefill: the prompt's call(s);
     decode: per token of ``new_tokens``. The read bandwidth of ``threads`` streams over as many bytes
     as the 4-bit weights is measured in the same run (``int4_bench.read_bandwidth``)."""
-    import onnxruntime_genai as og
-
     from int4_bench import compile_read_bw, read_bandwidth
     from tvm_lowprec.bench.quiesce import quiesce
     from tvm_lowprec.llm import Generator
@@ -127,10 +158,15 @@ def measure_generation(path: Path, threads: int, prompt_len: int, new_tokens: in
     start = time.perf_counter()
     gen = Generator(str(path), max_length=prompt_len + new_tokens, chunk=min(chunk, prompt_len))
     compile_s = time.perf_counter() - start
-    config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
-    model = og.Model(config)
     prompt = np.random.default_rng(0).integers(0, gen.layout.vocab or 1000, prompt_len)
+    if plain:
+        ort_loop = ort_plain_loop(path, threads, gen.layout)
+    else:
+        import onnxruntime_genai as og
+
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        model = og.Model(config)
 
     def ours():
         gen.reset()
@@ -143,6 +179,8 @@ def measure_generation(path: Path, threads: int, prompt_len: int, new_tokens: in
         return t1 - t0, (time.perf_counter() - t1) / new_tokens, tokens
 
     def theirs():
+        if plain:
+            return ort_loop(prompt, new_tokens)
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=prompt_len + new_tokens + 1, do_sample=False)
         generator = og.Generator(model, params)
@@ -219,16 +257,14 @@ def main(argv=None) -> None:
                         help="every thread count in this process (Compiled.num_threads switched between them); by "
                              "default each thread count runs in a process of its own started with TVM_NUM_THREADS set")
     parser.add_argument("--generate", action="store_true",
-                        help="tvm_lowprec.llm.Generator (a KV cache in place, one prefill and one decode compile) "
-                             "against ORT GenAI's generator loop: --prompt tokens, then --new-tokens greedy steps")
+                        help="tvm_lowprec.llm.Generator (builder: a KV cache in place, one prefill and one decode "
+                             "compile; plain: one compile, presents fed back) against ORT GenAI's generator loop "
+                             "(plain: an ORT session loop): --prompt tokens, then --new-tokens greedy steps")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=64, help="most prompt tokens per prefill call (--generate)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (--generate)")
     parser.add_argument("--rows-json", type=Path, help=argparse.SUPPRESS)  # a child's rows, for its parent
     args = parser.parse_args(argv)
-    if args.generate and args.export == "plain":
-        parser.error("--generate runs tvm_lowprec.llm.Generator, whose in-place cache needs the builder's "
-                     "GroupQueryAttention: use --export builder")
     path = build(args.config, args.models) if args.export == "builder" else build_plain(args.config, args.models, args.block)
     symbolic = args.export == "plain"  # its lengths stay symbolic: one compile for both points
     weight_bytes = nbits_bytes(path)
@@ -236,7 +272,8 @@ def main(argv=None) -> None:
         rows = [row for t in args.threads for row in _child_rows(argv if argv is not None else sys.argv[1:], t)]
     elif args.generate:
         rows = [row for t in args.threads for row in measure_generation(path, t, args.prompt, args.new_tokens,
-                                                                        args.rounds, args.chunk, weight_bytes)]
+                                                                        args.rounds, args.chunk, weight_bytes,
+                                                                        plain=args.export == "plain")]
     else:
         rows = measure(path, args.config, "decode", 1, args.past, args.threads, weight_bytes, args.activations, symbolic)
         rows += measure(path, args.config, "prefill", args.prompt, 0 if symbolic else 1, args.threads, weight_bytes,
@@ -265,16 +302,19 @@ def main(argv=None) -> None:
 
 
 def write_generation_report(args, rows: list[dict], weight_bytes: int) -> None:
-    head = ["threads", "compile s", "prefill tokens/s tvm", "ORT GenAI", "ratio", "decode tokens/s tvm", "ORT GenAI",
-            "ratio", "weight GB/s tvm", "ORT GenAI", "read GB/s", "tvm % of read", "greedy tokens identical"]
+    peer = "ORT GenAI" if args.export == "builder" else "ORT loop"
+    head = ["threads", "compile s", "prefill tokens/s tvm", peer, "ratio", "decode tokens/s tvm", peer,
+            "ratio", "weight GB/s tvm", peer, "read GB/s", "tvm % of read", "greedy tokens identical"]
     body = [[r["threads"], r["compile_s"], f"{r['prompt'] / r['tvm_prefill_ms'] * 1e3:.1f}",
              f"{r['prompt'] / r['ort_prefill_ms'] * 1e3:.1f}", f"**{r['prefill_ratio']:.2f}x**",
              f"{1e3 / r['tvm_decode_ms']:.1f}", f"{1e3 / r['ort_decode_ms']:.1f}", f"**{r['decode_ratio']:.2f}x**",
              f"{r['tvm_weight_gbs']:.1f}", f"{r['ort_weight_gbs']:.1f}", f"{r['read_gbs']:.1f}",
              f"{100 * r['tvm_weight_gbs'] / r['read_gbs']:.0f}%", f"{r['greedy_tokens_identical']} of {r['new_tokens']}"]
             for r in rows]
-    text = "\n".join([f"# {args.config} decoder (ORT GenAI builder, int4): tvm_lowprec.llm.Generator vs ORT GenAI's "
-                      "generator loop", "", f"Prompt {args.prompt} tokens, then {args.new_tokens} greedy tokens; "
+    against = ("(ORT GenAI builder, int4): tvm_lowprec.llm.Generator vs ORT GenAI's generator loop"
+               if args.export == "builder" else f"(plain export, MatMulNBitsQuantizer block {args.block}): "
+               "tvm_lowprec.llm.Generator vs an ONNX Runtime session loop, presents fed back as pasts")
+    text = "\n".join([f"# {args.config} decoder {against}", "", f"Prompt {args.prompt} tokens, then {args.new_tokens} greedy tokens; "
                       f"4-bit weights read per decode step: {weight_bytes / 1e6:.1f} MB", "",
                       *markdown_table(head, body)])
     (args.out / "report.md").write_text(text + "\n")

@@ -105,3 +105,52 @@ def test_the_cache_is_neither_repeated_per_query_head_nor_copied_to_reshape_it(c
     kernels = compiled.kernels()
     assert not [k.name for k in kernels if k.op == "broadcast_to"]
     assert not [k.name for k in kernels if k.op == "reshape" and "sequence_length" in str(k.shape)]
+
+
+def test_generator_runs_the_plain_export_on_one_compile_and_matches_ort(decoder):
+    """``tvm_lowprec.llm.Generator`` takes the plain export too: one compile (prefill and decode the same
+    object), each call's presents fed back as the next call's pasts, prompts in chunks; the logits of
+    every step match ONNX Runtime running the file as written (its ``accuracy_level`` 4: int8 activations,
+    as the generator compiles it), the past carried the same way, and the greedy tokens agree."""
+    import onnxruntime as ort
+
+    from tvm_lowprec.llm import Generator, PastLayout
+
+    gen = Generator(str(decoder), max_length=40, chunk=4)
+    assert isinstance(gen.layout, PastLayout) and gen.prefill_model is gen.decode_model
+    assert len(gen.layout.pasts) == 2 * CFG["num_hidden_layers"] and gen.layout.vocab == CFG["vocab_size"]
+    session = ort.InferenceSession(str(decoder), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    prompt = np.random.default_rng(3).integers(0, CFG["vocab_size"], 11).tolist()  # 3 chunks: 4, 4, 3
+    past = {p: np.zeros((1, KV, 0, HEAD), np.float32) for p, _ in gen.layout.pasts}
+    ids, total = prompt, 0
+    got, agree = gen.prefill(prompt), 0
+    for step in range(8):
+        out = dict(zip(names, session.run(None, {"input_ids": np.asarray([ids], np.int64),
+                                                 "attention_mask": np.ones((1, total + len(ids)), np.int64), **past})))
+        want, total = out["logits"][0, -1], total + len(ids)
+        past = {p: out[q] for p, q in gen.layout.pasts}
+        assert cosine(got, want) >= 0.9999, step
+        token = int(want.argmax())
+        assert got[token] >= got.max() - 2 * np.abs(got - want).max(), step  # ORT's choice, or a near tie
+        agree += int(got.argmax()) == token
+        got, ids = gen.step(token), [token]
+    assert agree >= 6 and gen.length == len(prompt) + 8
+    for p, _ in gen.layout.pasts:  # the cache holds every position, as ORT's presents do
+        assert gen.cache[p].shape == (1, KV, len(prompt) + 8, HEAD)
+    gen.reset()
+    assert gen.length == 0 and all(c.shape[2] == 0 for c in gen.cache.values())
+    assert gen.generate(prompt, 3) == gen.generate(prompt, 3)
+
+
+def test_a_graph_without_pasts_is_refused_by_name():
+    from onnx import TensorProto, helper
+
+    from tvm_lowprec.errors import UnsupportedOperatorError
+    from tvm_lowprec.llm import Generator
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    with pytest.raises(UnsupportedOperatorError, match="past input with a matching present output"):
+        Generator(helper.make_model(graph), max_length=4, chunk=1)

@@ -10,7 +10,7 @@
     tvm-lowprec run model.onnx --no-cache           # compile again (by default a second run loads the build)
     tvm-lowprec run detector.onnx --shape images=1x3x480x480   # dynamic axes fixed, shapes folded
     tvm-lowprec quantize model.onnx --data samples.npz --out model_qdq.onnx [--config cfg.json] [--target-sqnr 20]
-    tvm-lowprec generate llm_dir --prompt-tokens 128 --new-tokens 64   # ORT GenAI's int4 export: tokens/s
+    tvm-lowprec generate llm_dir --prompt-tokens 128 --new-tokens 64   # an int4 decoder (builder or plain): tokens/s
 """
 
 from __future__ import annotations
@@ -587,8 +587,10 @@ def main(argv=None) -> int:
     _add_cache_option(quant)
     quant.set_defaults(func=cmd_quantize)
     gen = sub.add_parser("generate", help="prefill and decode a language model exported by ORT GenAI's builder "
-                         "(int4): tokens/s and weight GB/s per decode step")
-    gen.add_argument("model", help="the builder's output folder (model.onnx, genai_config.json) or its model.onnx")
+                         "(int4) or plainly (torch's exporter, optimum: past_key_values.N inputs, present.N "
+                         "outputs): tokens/s and weight GB/s per decode step")
+    gen.add_argument("model", help="the export's folder (model.onnx, and genai_config.json for the builder's) or its "
+                     "model.onnx")
     gen.add_argument("--prompt-tokens", type=int, default=128, help="random prompt length (default 128)")
     gen.add_argument("--new-tokens", type=int, default=64, help="greedy decode steps (default 64)")
     gen.add_argument("--max-length", type=int, help="KV cache length (default prompt + new tokens)")

@@ -5,7 +5,9 @@ piece whose length is symbolic (known at each call: :data:`PROMPT_TOKENS`) and o
 both over a KV cache of ``max_length`` steps that it owns (numpy arrays the compiled kernels write
 into: :mod:`.cache_graph`). These two compiles serve every prompt length and every decode step up to
 ``max_length``: a prompt runs in pieces of at most ``chunk`` tokens, each as long as it is (no padding,
-no overlap), a token in one call.
+no overlap), a token in one call. A plain export (torch's exporter, optimum: ``past_key_values.N.key``
+inputs, ``present.N.key`` outputs, :mod:`.past_inputs`) is compiled once with every length symbolic,
+and each call's presents are the next call's pasts: the same methods, its concatenation as the graph has it.
 
     gen = tvm_lowprec.llm.Generator("model_dir/model.onnx", max_length=256)
     tokens = gen.generate(prompt_ids, new_tokens=32)           # greedy; top_k=... samples
@@ -16,13 +18,16 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from ..compiled import aligned_empty
 from ..errors import InputError
+from ..frontend.converters import CONTRIB_DOMAIN
 from .cache_graph import LAST_ROW, CacheLayout, cache_in_place, last_row_logits
+from .past_inputs import PastLayout, past_inputs
 
 
 def _model_file(model) -> Path | None:
@@ -54,13 +59,93 @@ def nbits_weight_bytes(model) -> int:
 PROMPT_TOKENS = "prompt_tokens"
 
 
+class _InPlaceCache:
+    """ORT GenAI's builder export: its ``GroupQueryAttention`` nodes rewritten to write into buffers of
+    ``max_length`` steps that the generator owns (:func:`.cache_graph.cache_in_place`); two compiles, a
+    prompt piece of symbolic length and one token. The mask spans the whole buffer."""
+
+    @staticmethod
+    def accepts(proto) -> bool:
+        return any(n.op_type == "GroupQueryAttention" and n.domain == CONTRIB_DOMAIN for n in proto.graph.node)
+
+    def __init__(self, proto, path, max_length: int, chunk: int, compile_one):
+        rewritten, self.layout = cache_in_place(proto, path)
+
+        def build(graph, seq):  # seq: tokens per call, or the name of a symbolic length
+            shapes = self.layout.shapes(1, seq, max_length)
+            if any(vi.name == LAST_ROW for vi in graph.graph.input):
+                shapes[LAST_ROW] = (1,)
+            return compile_one(graph, shapes)
+
+        self.decode_model = build(rewritten, 1)
+        if chunk > 1:  # a chunk's logits: its last row's only (the decode compile is done with the graph)
+            self.prefill_model = build(last_row_logits(rewritten, self.layout.logits), PROMPT_TOKENS)
+        else:
+            self.prefill_model = self.decode_model
+        shape = (1, self.layout.kv_heads, max_length, self.layout.head_size)
+        # 64-byte aligned: the compiled model takes them without a copy, so its cache writes land in them
+        self.arrays = {name: aligned_empty(shape, self.layout.dtype) for pair in self.layout.caches for name in pair}
+        for cache in self.arrays.values():
+            cache[:] = 0
+        self._mask = np.zeros((1, max_length), np.int64)
+
+    def mask(self, length: int) -> np.ndarray:
+        self._mask[0, :length] = 1
+        self._mask[0, length:] = 0
+        return self._mask
+
+    def keep(self, outputs: dict) -> None:
+        """Nothing to keep: the kernels wrote the call's keys and values into :attr:`arrays`."""
+
+    def reset(self) -> None:
+        """The old contents stay; the mask hides them."""
+
+
+class _PastFeed:
+    """A plain export (:mod:`.past_inputs`): one compile with every length symbolic; each call's present
+    outputs are the next call's past inputs (the returned arrays themselves, no copy)."""
+
+    @staticmethod
+    def accepts(proto) -> bool:
+        return True  # the last form: past_inputs names what a graph lacks
+
+    def __init__(self, proto, path, max_length: int, chunk: int, compile_one):
+        self.layout = past_inputs(proto)
+        # batch pinned to 1, the lengths left as the file names them (symbolic on purpose: no warning)
+        initializers = {t.name for t in proto.graph.initializer}
+        shapes = {vi.name: (1, *[d.dim_value if d.HasField("dim_value") else d.dim_param
+                                 for d in vi.type.tensor_type.shape.dim[1:]])
+                  for vi in proto.graph.input if vi.name not in initializers}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*has dynamic dimension")
+            self.decode_model = self.prefill_model = compile_one(proto, shapes)
+        self.reset()
+
+    def mask(self, length: int) -> np.ndarray:
+        return np.ones((1, length), np.int64)
+
+    def keep(self, outputs: dict) -> None:
+        for past, present in self.layout.pasts:
+            self.arrays[past] = outputs[present]
+
+    def reset(self) -> None:
+        empty = (1, self.layout.kv_heads, 0, self.layout.head_size)
+        self.arrays = {past: aligned_empty(empty, self.layout.dtype) for past, _ in self.layout.pasts}
+
+
+_CACHE_FORMS = (_InPlaceCache, _PastFeed)  # the first that accepts the graph
+
+
 class Generator:
     """A decoder with its KV cache: ``prefill(tokens)``, ``step(token)``, ``generate(prompt, n)``.
 
     Parameters
     ----------
     model : str, path or onnx.ModelProto
-        ORT GenAI's export (``model.onnx``, or the folder holding it and ``genai_config.json``).
+        ORT GenAI's export (``model.onnx``, or the folder holding it and ``genai_config.json``): its
+        cache is written in place; or a plain export (``past_key_values.N.key`` inputs, ``present.N.key``
+        outputs, as torch's exporter and optimum write them: :mod:`.past_inputs`), compiled once with
+        every length symbolic, each call's presents fed back as the next call's pasts.
     max_length : int
         Cache length: prompt and generated tokens together.
     chunk : int
@@ -72,10 +157,10 @@ class Generator:
 
     Attributes
     ----------
-    layout : CacheLayout
+    layout : CacheLayout or PastLayout
         The cache inputs found in the graph.
     prefill_model, decode_model : Compiled
-        The two compiles (the same object where ``chunk == 1``).
+        The two compiles (the same object where ``chunk == 1``, and for a plain export).
     compile_s : float
         Seconds spent importing and compiling both.
     """
@@ -90,33 +175,27 @@ class Generator:
             raise InputError(f"chunk must be between 1 and max_length ({max_length}), got {chunk}")
         path = _model_file(model)
         proto = onnx.load(str(path)) if path is not None else model
-        rewritten, self.layout = cache_in_place(proto, path)
         if "weight_only" not in compile_options:
             compile_options["weight_only"] = tvm_lowprec.WeightOnlyConfig(activations=default_activations(proto))
         self.max_length, self.chunk = int(max_length), int(chunk)
         start = time.perf_counter()
 
-        def build(graph, seq):  # seq: tokens per call, or the name of a symbolic length
-            shapes = self.layout.shapes(1, seq, self.max_length)
-            if any(vi.name == LAST_ROW for vi in graph.graph.input):
-                shapes[LAST_ROW] = (1,)
+        def compile_one(graph, shapes):
             mod = tvm_lowprec.from_onnx(graph, shape_dict=shapes)
             return tvm_lowprec.compile(mod, target=target, num_threads=num_threads, **compile_options)
 
-        self.decode_model = build(rewritten, 1)
-        if self.chunk > 1:  # a chunk's logits: its last row's only (the decode compile is done with the graph)
-            self.prefill_model = build(last_row_logits(rewritten, self.layout.logits), PROMPT_TOKENS)
-        else:
-            self.prefill_model = self.decode_model
+        form = next(f for f in _CACHE_FORMS if f.accepts(proto))
+        self._cache = form(proto, path, self.max_length, self.chunk, compile_one)
+        self.layout = self._cache.layout
+        self.decode_model, self.prefill_model = self._cache.decode_model, self._cache.prefill_model
         self._last_row = self.chunk > 1 and any(spec.name == LAST_ROW for spec in self.prefill_model.inputs)
         self.compile_s = time.perf_counter() - start
-        shape = (1, self.layout.kv_heads, self.max_length, self.layout.head_size)
-        # 64-byte aligned: the compiled model takes them without a copy, so its cache writes land in them
-        self.cache = {name: aligned_empty(shape, self.layout.dtype) for pair in self.layout.caches for name in pair}
-        for cache in self.cache.values():
-            cache[:] = 0
-        self._mask = np.zeros((1, self.max_length), np.int64)
         self.tokens: list[int] = []
+
+    @property
+    def cache(self) -> dict[str, np.ndarray]:
+        """The cache arrays by input name: the buffers written in place, or the pasts the next call takes."""
+        return self._cache.arrays
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -127,23 +206,22 @@ class Generator:
     def reset(self) -> None:
         """Forget the cache (its old contents stay; the mask hides them)."""
         self.tokens = []
-        self._mask[:] = 0
+        self._cache.reset()
 
     def _run(self, compiled, ids: list[int], start: int, last: int | None = None) -> np.ndarray:
         """Tokens ``ids`` at positions ``start ..``: the logits ``[len(ids), vocab]``, or of row ``last``
         alone ``[1, vocab]`` where the compile takes :data:`~.cache_graph.LAST_ROW`."""
         seq = len(ids)
-        feed = dict(self.cache)
+        feed = dict(self._cache.arrays)
         if last is not None:
             feed[LAST_ROW] = np.asarray([last], np.int64)
         feed[self.layout.tokens] = np.asarray(ids, np.int64).reshape(1, seq)
-        self._mask[0, :start + seq] = 1
-        self._mask[0, start + seq:] = 0
-        feed[self.layout.mask] = self._mask
+        feed[self.layout.mask] = self._cache.mask(start + seq)
         if self.layout.positions is not None:
             feed[self.layout.positions] = np.arange(start, start + seq, dtype=np.int64).reshape(1, seq)
-        logits = compiled(feed)[0]
-        logits = np.asarray(logits)
+        outputs = dict(zip(compiled.output_names, compiled(feed)))
+        self._cache.keep(outputs)
+        logits = np.asarray(outputs[self.layout.logits])
         return logits.reshape(-1, logits.shape[-1])
 
     # -- decoding ----------------------------------------------------------------------------------
@@ -206,4 +284,5 @@ class Generator:
         return out
 
 
-__all__ = ["PROMPT_TOKENS", "CacheLayout", "Generator", "cache_in_place", "default_activations", "nbits_weight_bytes"]
+__all__ = ["PROMPT_TOKENS", "CacheLayout", "Generator", "PastLayout", "cache_in_place", "default_activations",
+           "nbits_weight_bytes", "past_inputs"]
