@@ -544,11 +544,12 @@ class EmulatedBoard(_Service):
 
 
 def arm64_target():
-    """The ``arm64-dotprod`` row's LLVM target (Neon and the dot-product extension; the board's
-    ``-cpu max`` has both), as a ``tvm.target.Target``."""
+    """The LLVM target of the row :data:`tvm_lowprec.targets.arm.BOARD_ROW` names (Neon and the dot-product
+    extension; the board's ``-cpu max`` has both), as a ``tvm.target.Target``."""
     from .targets import registered_targets
+    from .targets.arm import BOARD_ROW
 
-    return registered_targets()["arm64-dotprod"].tvm_target()
+    return registered_targets()[BOARD_ROW].tvm_target()
 
 
 def cross_compile(mod, path: str | os.PathLike, target=None) -> Path:

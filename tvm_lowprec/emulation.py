@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .errors import LowPrecError
+from .isa import isa_of
 
 EMULATED_PREFIX = "lowprec.emu."
 _TARGET_INTRINSIC = re.compile(r"@(llvm\.x86\.[\w.]+)\(")
@@ -76,7 +77,9 @@ def host_cpu() -> str:
 
 
 def _host_is_x86_64() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64")
+    from .isa import ISAS, host_isa
+
+    return host_isa() is ISAS["x86"]
 
 
 def row_intrinsics(spec) -> tuple:
@@ -103,10 +106,10 @@ def known_semantics() -> dict:
 
 def execution_mode(spec) -> str:
     """``"native"`` (this host has the row's instruction set), ``"cuda"`` (a GPU row, and this host
-    has a CUDA device that TVM's runtime can use), ``"emulated"`` (it can run the row
-    through :func:`emulated_ir`), ``"qemu"`` (an AArch64 row whose kernels run under qemu-aarch64:
-    :mod:`tvm_lowprec.qemu`) or ``"compile-only"``."""
-    from . import qemu
+    has a CUDA device that TVM's runtime can use), the first of the row's family's off-hardware
+    executors (:attr:`tvm_lowprec.isa.Isa.executors`, :data:`EXECUTORS`) that can run it here:
+    ``"emulated"`` (through :func:`emulated_ir`), ``"qemu"`` (an AArch64 row whose kernels run under
+    qemu-aarch64: :mod:`tvm_lowprec.qemu`), or else ``"compile-only"``."""
     from .targets import host_supports
 
     if spec.device == "cuda":
@@ -115,14 +118,32 @@ def execution_mode(spec) -> str:
         return "cuda" if tvm_cuda_available() else "compile-only"
     if host_supports(spec):
         return "native"
-    if qemu.is_aarch64(spec):
-        return "qemu" if qemu.available() else "compile-only"
+    return next((name for name in isa_of(spec).executors if EXECUTORS[name](spec)), "compile-only")
+
+
+def _emulates(spec) -> bool:
+    """The row's intrinsics replaced by their semantics in LLVM IR (:func:`emulated_ir`): every intrinsic
+    has semantics, and this host is of the row's instruction-set family (the rest of the code is native)."""
+    from .isa import host_isa
+
     needed = set()
     for intrin in row_intrinsics(spec):
         if not intrin.emulation:
-            return "compile-only"
+            return False
         needed |= set(intrin.emulation)
-    return "emulated" if _host_is_x86_64() and needed <= set(known_semantics()) else "compile-only"
+    return host_isa() is isa_of(spec) and needed <= set(known_semantics())
+
+
+def _qemu_runs(spec) -> bool:
+    """The real instructions under qemu-user, linked by the row's cross toolchain (:mod:`tvm_lowprec.qemu`)."""
+    from . import qemu
+
+    return qemu.available()
+
+
+# Off-hardware executors by name (:attr:`tvm_lowprec.isa.Isa.executors` lists a family's, in order): whether
+# each can run a row on this host
+EXECUTORS = {"emulated": _emulates, "qemu": _qemu_runs}
 
 
 def count_intrinsic_calls(ll: str) -> dict:

@@ -65,6 +65,9 @@ class GemmIntrin:
     # :mod:`tvm_lowprec.kernels.depthwise_dot` multiplies four taps a lane with. None: no such form
     lane_product: object = None
     lane_a_bytes: str = "uint8"
+    # how one accumulator's update looks in assembly (:class:`tvm_lowprec.isa.IntrinAsm`): what the tests
+    # count in a kernel and llvm-mca models (:mod:`tvm_lowprec.perfmodel`); None: neither
+    asm: object = None
 
     def __post_init__(self):
         if self.lanes * self.rows * 32 != self.vector_bits:
@@ -294,6 +297,21 @@ class RegisterPermute:
 
 
 @dataclass(frozen=True)
+class Memory:
+    """The machine outside the inner loop, for :meth:`tvm_lowprec.perfmodel.Prediction.with_memory`: one
+    core's instruction ceiling for the row's recipe (GOPS) and its streaming read bandwidth at the
+    weights' size (GB/s), and where the figures come from."""
+
+    peak_gops: float
+    read_gbs: float
+    source: str = ""
+
+    def __post_init__(self):
+        if self.peak_gops <= 0 or self.read_gbs <= 0:
+            raise ValueError(f"peak and bandwidth must be positive: {self}")
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A compilation target: the LLVM target, what the CPU must have, and the GEMM recipe."""
 
@@ -346,6 +364,13 @@ class TargetSpec:
     # float32 lanes permuted by lane indices (the 8-bit softmax's exponentials from two 16-entry
     # tables); None: the softmax computes them (a polynomial) in the lanes
     register_permute: RegisterPermute | None = None
+    # the static performance model (:mod:`tvm_lowprec.perfmodel`): the llvm-mca CPU models the row is
+    # predicted for (the first the default, unless the row's own mcpu is listed); the measured machine
+    # its memory side is predicted for (llvm-mca has none), or None; and whether the GEMM grid's
+    # prediction section shows it (rows the hosts at hand rarely run: ``bench.grid.predicted_rows``)
+    mca_cpus: tuple[str, ...] = ()
+    memory: Memory | None = None
+    grid_prediction: bool = False
 
     device = "cpu"  # class constant (not a field): what selects the schedule rules and the lowering
     optional = ("bf16", "wide_lookup")  # class constant: the recipes whose features a CPU of the row may lack

@@ -23,7 +23,7 @@ What the model sees and what it does not:
   all run on its Cortex-A57 model (3-wide dispatch, two 128-bit SIMD pipes), so a "neoverse-v1"
   figure is the fraction of that model's own ``sdot`` ceiling, not of a V1's; ``ampere1`` and
   ``cortex-a57`` are models of their own (:func:`sched_model_note`). LLVM 16 and later have Neoverse
-  N1/N2/V1 models (``LLVM_MCA=llvm-mca-19``). A row's CPU list is in :data:`MCA_CPUS`;
+  N1/N2/V1 models (``LLVM_MCA=llvm-mca-19``). A row's CPU list is its :attr:`TargetSpec.mca_cpus`;
   :attr:`Prediction.sched_model` names the model ``llvm-mca`` actually used.
 - AArch64 kernels are cross-compiled and simulated with ``-mtriple=aarch64``; LLVM 14's llvm-mca parses
   ``sdot``, ``usdot`` and ``usmmla`` (with ``-mattr=+i8mm`` where the CPU model lacks it:
@@ -54,26 +54,56 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .errors import LowPrecError
-from .hwspec import GemmRecipe, TargetSpec, Tile
+from .hwspec import GemmRecipe, Memory, TargetSpec, Tile
+from .isa import SYNTAXES, AsmSyntax, IntrinAsm  # noqa: F401 (re-exported)
 
-# Row name -> llvm-mca CPU models it is predicted for, the first being the default (unless the row's
-# own ``mcpu`` is in the list). LLVM 14 maps the three Intel server CPUs to one Skylake-SP model, and
-# alderlake to the Skylake client model; it has no Zen 4/5 model (the VNNI row's own mcpu, znver4).
-MCA_CPUS: Mapping[str, tuple[str, ...]] = {
-    "x86-avx512-vnni": ("icelake-server", "sapphirerapids", "cascadelake"),
-    "x86-avx-vnni": ("alderlake",),
-    "x86-avx512": ("skylake-avx512", "cascadelake"),
-    "x86-avx2": ("znver3", "haswell"),
-    # AArch64. LLVM 14 has no Neoverse model: neoverse-v1, neoverse-n2 (and neoverse-n1, cortex-a76,
-    # cortex-a72, cortex-x2, cortex-a710) all take its Cortex-A57 model (resources ``A57Unit*``: 3-wide
-    # dispatch, two 128-bit SIMD pipes, sdot/usdot latency 3 at 2 per cycle), so their figures are one
-    # model's. ampere1 (Armv8.6 with dotprod and i8mm) has a model of its own. cortex-a53's in-order
-    # model is left out: the ceiling block (each accumulator's smull then its sadalp) stalls an
-    # in-order pipe (0.14 steps per cycle where a software-pipelined block reaches 0.48).
-    "arm64-i8mm": ("neoverse-v1", "neoverse-n2", "ampere1"),
-    "arm64-dotprod": ("neoverse-v1", "neoverse-n2", "ampere1"),
-    "arm64-neon": ("cortex-a72", "cortex-a57"),
-}
+
+# What llvm-mca is run on comes from the registry, not from tables here: a row's CPU models
+# (:attr:`TargetSpec.mca_cpus`), its memory side (:attr:`TargetSpec.memory`), each intrinsic row's
+# assembly (:attr:`GemmIntrin.asm`). The mappings below are views of it, rebuilt on each access (a row
+# registered later is in them).
+def _row_table(field_name: str) -> dict:
+    from .targets import registered_targets
+
+    return {name: getattr(spec, field_name) for name, spec in registered_targets("cpu").items()
+            if getattr(spec, field_name)}
+
+
+def _intrin_rows() -> dict:
+    """Every intrinsic row the library defines (:data:`tvm_lowprec.intrin.ALL_INTRINSICS`) and every one a
+    registered CPU target uses (its GEMM recipes, narrow and 16-bit ones included) that says how it looks
+    in assembly: name -> :class:`IntrinAsm`."""
+    from .intrin import ALL_INTRINSICS
+    from .targets import registered_targets
+
+    table = {name: row.asm for name, row in ALL_INTRINSICS.items() if row.asm is not None}
+    for spec in registered_targets("cpu").values():
+        recipes = (*spec.recipes(), spec.narrow, spec.int16)
+        for recipe in recipes:
+            if recipe is not None and getattr(recipe.intrin, "asm", None) is not None:
+                table[recipe.intrin.name] = recipe.intrin.asm
+    return table
+
+
+_VIEWS = {"MCA_CPUS": lambda: _row_table("mca_cpus"), "ROW_MEMORY": lambda: _row_table("memory"),
+          "INTRIN_ASM": _intrin_rows}
+
+
+def __getattr__(name: str):
+    """``MCA_CPUS`` (row -> llvm-mca CPU models), ``ROW_MEMORY`` (row -> :class:`Memory`), ``INTRIN_ASM``
+    (intrinsic row -> :class:`IntrinAsm`): read from the registered rows."""
+    if name in _VIEWS:
+        return _VIEWS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def intrin_asm(intrin: str) -> IntrinAsm:
+    """The assembly of intrinsic row ``intrin`` (:attr:`GemmIntrin.asm`)."""
+    try:
+        return _intrin_rows()[intrin]
+    except KeyError:
+        raise McaError(f"intrinsic row {intrin!r} of no registered target says how it looks in assembly "
+                       "(GemmIntrin.asm)") from None
 
 # llvm-mca resource prefix (:attr:`McaResult.sched_model`) -> the CPU whose scheduling model it is, for
 # the AArch64 models the rows above use (:func:`sched_model_note`).
@@ -84,108 +114,6 @@ ARM_SCHED_MODELS: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class AsmSyntax:
-    """What the loop extraction and llvm-mca need to know of an assembly dialect."""
-
-    name: str
-    triple: str  # llvm-mca -mtriple
-    comment: str  # starts a comment to the end of the line
-    branch: re.Pattern  # a branch to a label (group 1), conditional or not
-    stack_store: re.Pattern  # an instruction storing to the stack (a spill)
-
-
-SYNTAXES: Mapping[str, AsmSyntax] = {
-    # AT&T: ``jne .LBB0_2``; stores name their destination last: ``vmovdqu64 %zmm0, 64(%rsp)``
-    "x86": AsmSyntax("x86", "x86_64-unknown-linux-gnu", "#", re.compile(r"^\s*j[a-z]+\s+([.\w$]+)\s*$"),
-                     re.compile(r",\s*-?\w*\(%[re]?(sp|bp)\)\s*$")),
-    # ``b.ne .LBB4_6``, ``b .L``, ``cbnz x8, .L``, ``tbz w9, #3, .L``; ``#`` starts an immediate, ``//`` a
-    # comment; spills: ``str q0, [sp, #16]``, ``stp q1, q2, [x29, #-32]``
-    "aarch64": AsmSyntax(
-        "aarch64", "aarch64-unknown-linux-gnu", "//",
-        re.compile(r"^\s*(?:b(?:\.[a-z]{2})?\s+|cbn?z\s+[wx]\w+\s*,\s*|tbn?z\s+[wx]\w+\s*,\s*#?\w+\s*,\s*)"
-                   r"([.\w$]+)\s*$"),
-        re.compile(r"^\s*st\w*\s.*\[\s*(sp|x29)\b")),
-}
-
-
-@dataclass(frozen=True)
-class IntrinAsm:
-    """How one intrinsic row looks in assembly.
-
-    ``mnemonic``: the instruction counted in the loop (one per intrinsic call); ``step``: the
-    instructions of one accumulator's update, as templates over ``{r}`` (register class) and the
-    registers ``{acc}``, ``{a}``, ``{b}``, ``{ones}``, ``{tmp}``; ``registers``: the vector registers the
-    encoding can name (16 for VEX ymm, 32 for EVEX zmm and AArch64's ``v0``-``v31``); ``isa``: the
-    :data:`SYNTAXES` entry; ``mattr``: llvm-mca ``-mattr`` features the instructions need on a CPU model
-    without them (``usdot`` on cortex-a72: "instruction requires: i8mm").
-    """
-
-    mnemonic: str
-    step: tuple[str, ...]
-    reg: str
-    registers: int
-    isa: str = "x86"
-    mattr: tuple[str, ...] = ()
-
-    @property
-    def syntax(self) -> AsmSyntax:
-        return SYNTAXES[self.isa]
-
-    def operands(self) -> tuple[str, ...]:
-        """The non-accumulator registers the step uses, each once."""
-        names = re.findall(r"\{(a|b|ones|tmp)\}", " ".join(self.step))
-        return tuple(dict.fromkeys(names))
-
-
-_VNNI = ("{prefix}vpdpbusd %{r}{b}, %{r}{a}, %{r}{acc}",)
-_MADDWD = ("vpmaddwd %{r}{b}, %{r}{a}, %{r}{tmp}", "vpaddd %{r}{tmp}, %{r}{acc}, %{r}{acc}")
-_UBSW = ("vpmaddubsw %{r}{b}, %{r}{a}, %{r}{tmp}", "vpmaddwd %{r}{ones}, %{r}{tmp}, %{r}{tmp}",
-         "vpaddd %{r}{tmp}, %{r}{acc}, %{r}{acc}")
-
-# Intrinsic row (:class:`~tvm_lowprec.hwspec.GemmIntrin` name) -> its assembly. A new row brings a line.
-INTRIN_ASM: Mapping[str, IntrinAsm] = {
-    "vpdpbusd_zmm": IntrinAsm("vpdpbusd", tuple(s.replace("{prefix}", "") for s in _VNNI), "zmm", 32),
-    "vpdpbusd_ymm": IntrinAsm("vpdpbusd", tuple(s.replace("{prefix}", "{{vex}} ") for s in _VNNI), "ymm", 16),
-    # the EVEX form of the AVX-512 VNNI row's narrow recipe: ymm, 32 registers
-    "vpdpbusd_ymm_vl": IntrinAsm("vpdpbusd", tuple(s.replace("{prefix}", "") for s in _VNNI), "ymm", 32),
-    "vpmaddwd_zmm": IntrinAsm("vpmaddwd", _MADDWD, "zmm", 32),
-    "vpmaddwd_ymm": IntrinAsm("vpmaddwd", _MADDWD, "ymm", 16),
-    "vpmaddubsw_zmm": IntrinAsm("vpmaddubsw", _UBSW, "zmm", 32),
-    "vpmaddubsw_ymm": IntrinAsm("vpmaddubsw", _UBSW, "ymm", 16),
-    # AArch64 (tvm_lowprec.intrin.arm): one 128-bit vector of 4 int32 accumulators; A broadcast, B loaded.
-    "sdot_v16": IntrinAsm("sdot", ("sdot {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64", ("+dotprod",)),
-    "usdot_v16": IntrinAsm("usdot", ("usdot {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64", ("+i8mm",)),
-    # matrix instruction: a 2 x 2 int32 block from two 2 x 8 byte operands (twice usdot's products)
-    "usmmla_v16": IntrinAsm("usmmla", ("usmmla {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64", ("+i8mm",)),
-    # 8 s8 x s8 products into int16 (8 bytes of each operand: 4 lanes x kstep 2), pairs added into int32
-    "smull_v16": IntrinAsm("smull", ("smull {r}{tmp}.8h, {r}{a}.8b, {r}{b}.8b", "sadalp {r}{acc}.4s, {r}{tmp}.8h"),
-                           "v", 32, "aarch64"),
-}
-
-
-@dataclass(frozen=True)
-class Memory:
-    """The machine outside the inner loop, for :meth:`Prediction.with_memory`: one core's instruction
-    ceiling for the row's recipe (GOPS) and its streaming read bandwidth at the weights' size (GB/s)."""
-
-    peak_gops: float
-    read_gbs: float
-    source: str = ""
-
-    def __post_init__(self):
-        if self.peak_gops <= 0 or self.read_gbs <= 0:
-            raise ValueError(f"peak and bandwidth must be positive: {self}")
-
-
-# Row -> the measured machine its memory side is predicted for. llvm-mca has no memory model, and no
-# Intel figures were measured here: these are the project's Zen 5 class VNNI machine, one core
-# (shared/TVM027_NOTES.md: vpdpbusd zmm about 1070 GOPS, ymm half; a GEMV streamed its weights from L3
-# at 98 GB/s; L3 reads 92-117 GB/s).
-ROW_MEMORY: Mapping[str, Memory] = {
-    "x86-avx512-vnni": Memory(1070.0, 98.0, "Zen 5 class, one core (measured: shared/TVM027_NOTES.md)"),
-    "x86-avx-vnni": Memory(535.0, 98.0, "Zen 5 class core running the 256-bit form (measured peak halved)"),
-}
 CEILING_MAX_ACCUMULATORS = 24  # enough to hide a 5-cycle latency at 2 per cycle (with margin)
 DEFAULT_ITERATIONS = 500
 
@@ -443,7 +371,7 @@ def ceiling_block(intrin: str) -> str:
     """A block of independent steps of ``intrin``'s assembly: as many accumulators as the encoding's
     registers allow (at most :data:`CEILING_MAX_ACCUMULATORS`), two A registers alternating, and
     temporaries alternating (renaming removes their false dependencies)."""
-    spec = INTRIN_ASM[intrin]
+    spec = intrin_asm(intrin)
     operands = spec.operands()
     fixed = {"a": 2, "b": 1, "ones": 1, "tmp": 2}
     accs = min(CEILING_MAX_ACCUMULATORS, spec.registers - sum(fixed[o] for o in operands))
@@ -468,7 +396,7 @@ def ceiling(intrin: str, cpu: str, iterations: int = DEFAULT_ITERATIONS) -> floa
 @functools.lru_cache(maxsize=None)
 def _ceiling(intrin: str, cpu: str, iterations: int, binary: str) -> float:
     block = ceiling_block(intrin)
-    info = INTRIN_ASM[intrin]
+    info = intrin_asm(intrin)
     per_block = sum(_mnemonic(line) == info.mnemonic for line in block.splitlines())
     return per_block / run_mca(block, cpu, iterations, info.isa, info.mattr).cycles_per_iteration
 
@@ -536,11 +464,10 @@ def build_asm(spec: TargetSpec, m: int, n: int, k: int, tile=None, recipe: str |
 
 
 def mca_cpus(spec: TargetSpec) -> tuple[str, ...]:
-    """The llvm-mca CPU models ``spec``'s row is predicted for (:data:`MCA_CPUS`)."""
-    try:
-        return MCA_CPUS[spec.row]
-    except KeyError:
-        raise McaError(f"no llvm-mca CPU model listed for row {spec.row!r}; add it to MCA_CPUS") from None
+    """The llvm-mca CPU models ``spec``'s row is predicted for (:attr:`TargetSpec.mca_cpus`)."""
+    if not spec.mca_cpus:
+        raise McaError(f"no llvm-mca CPU model listed for row {spec.row!r}: give its TargetSpec mca_cpus")
+    return spec.mca_cpus
 
 
 def sched_model_note(cpu: str, sched_model: str) -> str:
@@ -596,7 +523,7 @@ def predict(spec: TargetSpec, m: int, n: int, k: int, tile=None, mca_cpu: str | 
     """
     cpu = mca_cpu or default_mca_cpu(spec)
     layout, asm = built if built is not None else build_asm(spec, m, n, k, tile, recipe)
-    info = INTRIN_ASM[layout.intrin_row]
+    info = intrin_asm(layout.intrin_row)
     loop = extract_kernel_loop(asm, info.mnemonic, info.isa)
     block = mca_block(loop)
     result = run_mca(block, cpu, iterations, info.isa, info.mattr)
@@ -617,6 +544,6 @@ def predict(spec: TargetSpec, m: int, n: int, k: int, tile=None, mca_cpu: str | 
 __all__ = [
     "ARM_SCHED_MODELS", "AsmSyntax", "CEILING_MAX_ACCUMULATORS", "INTRIN_ASM", "IntrinAsm", "KernelLoop",
     "MCA_CPUS", "McaError", "McaResult", "Memory", "Prediction", "ROW_MEMORY", "SYNTAXES", "build_asm", "ceiling",
-    "ceiling_block", "default_mca_cpu", "extract_kernel_loop", "find_llvm_mca", "layout_for", "mca_block",
+    "ceiling_block", "default_mca_cpu", "extract_kernel_loop", "find_llvm_mca", "intrin_asm", "layout_for", "mca_block",
     "mca_cpus", "mca_version", "predict", "run_mca", "sched_model_note", "spec_with",
 ]

@@ -47,8 +47,10 @@ class QemuError(LowPrecError):
 
 
 def is_aarch64(spec) -> bool:
-    """Whether a target row builds AArch64 code."""
-    return str(spec.llvm.get("mtriple", "")).startswith("aarch64")
+    """Whether a target row builds AArch64 code (:func:`tvm_lowprec.isa.isa_of`)."""
+    from .isa import isa_of
+
+    return isa_of(spec).name == "aarch64"
 
 
 def _ffi_include() -> Path:

@@ -31,9 +31,17 @@ POINT_ERRORS: tuple[type[BaseException], ...] = (
     RuntimeError, ValueError, TypeError, NotImplementedError, AttributeError, ImportError, MemoryError, OSError,
 )
 MAX_STEP_DIFF = 1  # tvm-lowprec may differ from ORT's QLinearMatMul by one rounding step
-# Rows this host cannot time, predicted by llvm-mca (tvm_lowprec.perfmodel) in every report with predictions
-# (the AArch64 rows on every CPU model perfmodel.MCA_CPUS lists for them; no memory figures: ROW_MEMORY).
-PREDICTED_ROWS = ("x86-avx512-vnni", "x86-avx-vnni", "arm64-i8mm", "arm64-dotprod", "arm64-neon")
+
+
+def predicted_rows() -> tuple[str, ...]:
+    """Rows the hosts at hand rarely run, predicted by llvm-mca (tvm_lowprec.perfmodel) in every report with
+    predictions, each on every CPU model its row lists: the registered rows marked ``grid_prediction``
+    (:class:`~tvm_lowprec.hwspec.TargetSpec`)."""
+    from ..targets import registered_targets
+
+    return tuple(name for name, spec in registered_targets("cpu").items() if spec.grid_prediction)
+
+
 PREDICTED_SHAPES: tuple[Shape, ...] = ((1024, 1024, 1024), (16, 3072, 768), (1, 4096, 4096))
 
 
@@ -127,12 +135,13 @@ def _prediction_dict(p, memory=None) -> dict:
     return out
 
 
-def predict_points(shapes, rows=PREDICTED_ROWS, row_shapes=PREDICTED_SHAPES, host_memory=None) -> dict:
+def predict_points(shapes, rows=None, row_shapes=PREDICTED_SHAPES, host_memory=None) -> dict:
     """llvm-mca predictions (:func:`tvm_lowprec.perfmodel.predict`) for the report.
 
     ``host_memory`` (a :class:`~tvm_lowprec.perfmodel.Memory` measured on this host) adds the
     roofline figure (:meth:`~tvm_lowprec.perfmodel.Prediction.with_memory`) to the host's
-    predictions; the rows get theirs from :data:`~tvm_lowprec.perfmodel.ROW_MEMORY`.
+    predictions; the rows get theirs from :attr:`~tvm_lowprec.hwspec.TargetSpec.memory`. ``rows``: default
+    :func:`predicted_rows`.
 
     Returns
     -------
@@ -141,16 +150,16 @@ def predict_points(shapes, rows=PREDICTED_ROWS, row_shapes=PREDICTED_SHAPES, hos
         take, on its default llvm-mca CPU); ``rows``: each of ``rows`` at ``row_shapes`` on every CPU
         model listed for it; ``error``: why there are none (llvm-mca missing, ...), else ``""``.
     """
-    from ..perfmodel import ROW_MEMORY, McaError, mca_cpus, predict
+    from ..perfmodel import McaError, mca_cpus, predict
     from ..targets import native_target, registered_targets
 
     try:
         host = native_target()
         out = {"host": [_prediction_dict(predict(host, *shape), host_memory) for shape in shapes], "rows": [],
                "error": ""}
-        for name in rows:
+        for name in predicted_rows() if rows is None else rows:
             spec = registered_targets()[name]
-            out["rows"] += [_prediction_dict(predict(spec, *shape, mca_cpu=cpu), ROW_MEMORY.get(name))
+            out["rows"] += [_prediction_dict(predict(spec, *shape, mca_cpu=cpu), spec.memory)
                             for cpu in mca_cpus(spec) for shape in row_shapes]
     except (McaError, RuntimeError, KeyError) as err:
         return {"host": [], "rows": [], "error": _error_text(err)}

@@ -166,7 +166,7 @@ def _predicted_section(meta: dict) -> list[str]:
         "row's first recipe (the one the benchmark's 7-bit weights take). *With memory*: a roofline, the "
         "slower of that micro-kernel and streaming the call's bytes (packed weights, activations, "
         "outputs) at one core's read bandwidth (this host: measured with `peak/read_bw.c` in the same run; "
-        "the VNNI rows: the project's Zen 5 class machine, `perfmodel.ROW_MEMORY`).", ""]
+        "the VNNI rows: the project's Zen 5 class machine, the row's `memory`).", ""]
     shapes = list(dict.fromkeys(tuple(p["shape"]) for p in predictions["rows"]))
     header = ["row", "llvm-mca CPU (model)", *("x".join(map(str, s)) for s in shapes)]
     lines += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * len(shapes)]

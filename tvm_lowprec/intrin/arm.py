@@ -25,6 +25,7 @@ from tvm.script import tirx as T
 
 from .._tvmscript import cheap_frame_inspection
 from ..hwspec import AOperand, GemmIntrin, NibbleIntrin
+from ..isa import IntrinAsm
 from .dot import broadcast_impl, dot_desc, register
 from .nibble import accumulate_twice, register_nibble
 
@@ -46,7 +47,7 @@ def _smull_sadalp(a, b, c):
     return c + tirx.call_llvm_pure_intrin(f"int32x{LANES}", "llvm.aarch64.neon.saddlp.v4i32.v8i16", products)
 
 
-def _row(name: str, kstep: int, product, signed_only: bool, features: tuple[str, ...]) -> GemmIntrin:
+def _row(name: str, kstep: int, product, signed_only: bool, features: tuple[str, ...], asm: IntrinAsm) -> GemmIntrin:
     """A row whose instruction takes s8 activations (``signed_only``: u8 ones are flipped, offset
     -128) or u8 ones (s8 ones are flipped, offset +128)."""
     operands = {}
@@ -57,7 +58,7 @@ def _row(name: str, kstep: int, product, signed_only: bool, features: tuple[str,
         iname = register(f"lowprec_{name}_{a_dtype}_{LANES}x{kstep}", dot_desc(LANES, kstep, a_dtype, offset), impl)
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
     return GemmIntrin(name, LANES, kstep, LANES * 32, operands, features=features, lane_product=product,
-                      lane_a_bytes="int8" if signed_only else "uint8")
+                      lane_a_bytes="int8" if signed_only else "uint8", asm=asm)
 
 
 def _mmla_desc(a_dtype: str, offset: int):
@@ -104,7 +105,7 @@ def _mmla_impl(a_dtype: str, flip: bool, llvm_name: str):
     return impl
 
 
-def _mmla_row(name: str, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
+def _mmla_row(name: str, llvm_name: str, features: tuple[str, ...], asm: IntrinAsm) -> GemmIntrin:
     """``usmmla``: u8 activations natively, s8 ones sign-flipped to u8 (offset +128)."""
     operands = {}
     for a_dtype in ("uint8", "int8"):
@@ -113,16 +114,25 @@ def _mmla_row(name: str, llvm_name: str, features: tuple[str, ...]) -> GemmIntri
         iname = register(f"lowprec_{name}_{a_dtype}_{MMLA_ROWS}x{MMLA_ROWS}x{MMLA_K}", _mmla_desc(a_dtype, offset),
                           _mmla_impl(a_dtype, flip, llvm_name))
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
-    return GemmIntrin(name, MMLA_ROWS, MMLA_K, 128, operands, features=features, rows=MMLA_ROWS)
+    return GemmIntrin(name, MMLA_ROWS, MMLA_K, 128, operands, features=features, rows=MMLA_ROWS, asm=asm)
 
 
 with cheap_frame_inspection():
-    SMULL = _row("smull_v16", 2, _smull_sadalp, signed_only=True, features=("neon",))
+    # each accumulator's update in assembly: one 128-bit vector of 4 int32 accumulators, A broadcast, B
+    # loaded; smull: 8 s8 x s8 products into int16 (4 lanes x kstep 2), pairs added into int32 by sadalp
+    SMULL = _row("smull_v16", 2, _smull_sadalp, signed_only=True, features=("neon",),
+                 asm=IntrinAsm("smull", ("smull {r}{tmp}.8h, {r}{a}.8b, {r}{b}.8b", "sadalp {r}{acc}.4s, {r}{tmp}.8h"),
+                               "v", 32, "aarch64"))
     SDOT = _row("sdot_v16", 4, _dot("llvm.aarch64.neon.sdot.v4i32.v16i8"), signed_only=True,
-                features=("neon", "dotprod"))
+                features=("neon", "dotprod"),
+                asm=IntrinAsm("sdot", ("sdot {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64", ("+dotprod",)))
     USDOT = _row("usdot_v16", 4, _dot("llvm.aarch64.neon.usdot.v4i32.v16i8"), signed_only=False,
-                 features=("neon", "dotprod", "i8mm"))
-    USMMLA = _mmla_row("usmmla_v16", "llvm.aarch64.neon.usmmla.v4i32.v16i8", features=("neon", "dotprod", "i8mm"))
+                 features=("neon", "dotprod", "i8mm"),
+                 asm=IntrinAsm("usdot", ("usdot {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64", ("+i8mm",)))
+    # a matrix instruction: a 2 x 2 int32 block from two 2 x 8 byte operands (twice usdot's products)
+    USMMLA = _mmla_row("usmmla_v16", "llvm.aarch64.neon.usmmla.v4i32.v16i8", features=("neon", "dotprod", "i8mm"),
+                       asm=IntrinAsm("usmmla", ("usmmla {r}{acc}.4s, {r}{a}.16b, {r}{b}.16b",), "v", 32, "aarch64",
+                                     ("+i8mm",)))
 
 ARM_INTRINSICS = {row.name: row for row in (SMULL, SDOT, USDOT, USMMLA)}
 

@@ -21,6 +21,7 @@ from tvm.script import tirx as T
 
 from .._tvmscript import cheap_frame_inspection
 from ..hwspec import AOperand, GemmIntrin
+from ..isa import IntrinAsm
 from .dot import broadcast_impl, dot_desc, register
 from .semantics import DotSemantics
 
@@ -87,18 +88,27 @@ def _pmaddubsw_semantics(lanes16: int) -> DotSemantics:
     return DotSemantics(lanes16, 2, 8, 16, a_ext="zext", b_ext="sext", saturate=True)
 
 
-def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
+# How each row's accumulator update reads in AT&T assembly (tvm_lowprec.isa.IntrinAsm): vpdpbusd
+# accumulates in place; vpmaddwd needs a temporary and a vpaddd; vpmaddubsw also a ones vector
+_VNNI_STEP = ("vpdpbusd %{r}{b}, %{r}{a}, %{r}{acc}",)
+_MADDWD_STEP = ("vpmaddwd %{r}{b}, %{r}{a}, %{r}{tmp}", "vpaddd %{r}{tmp}, %{r}{acc}, %{r}{acc}")
+_UBSW_STEP = ("vpmaddubsw %{r}{b}, %{r}{a}, %{r}{tmp}", "vpmaddwd %{r}{ones}, %{r}{tmp}, %{r}{tmp}",
+              "vpaddd %{r}{tmp}, %{r}{acc}, %{r}{acc}")
+
+
+def _vnni_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...], asm: IntrinAsm) -> GemmIntrin:
     operands = {}
     for a_dtype, offset in (("uint8", 0), ("int8", 128)):
         iname = f"lowprec_{name}_{a_dtype}_{lanes}x4"
         impl = broadcast_impl(lanes, 4, a_dtype, a_dtype == "int8", "uint8", _vpdpbusd(lanes, llvm_name))
         register(iname, dot_desc(lanes, 4, a_dtype, offset), impl)
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
-    return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features,
+    return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features, asm=asm,
                       emulation={llvm_name: _vpdpbusd_semantics(lanes)}, lane_product=_vpdpbusd(lanes, llvm_name))
 
 
-def _int16_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...], impl, semantics) -> GemmIntrin:
+def _int16_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...], impl, semantics,
+               asm: IntrinAsm | None = None) -> GemmIntrin:
     """An int16-pair instruction's row: ``impl(lanes, llvm_name, b_dtype)`` for int8 weights (widened
     in the loop) and for int16 ones (widened at pack time)."""
     names = {}
@@ -111,11 +121,13 @@ def _int16_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...],
     # both activation dtypes are widened to int16 by the kernel's prepare step: no offset needed
     operand = AOperand(storage="int16", offset=0, intrin=names["int8"], intrin_wide_b=names["int16"])
     return GemmIntrin(name, lanes, 2, lanes * 32, {"uint8": operand, "int8": operand}, features=features,
-                      emulation={llvm_name: semantics(lanes)})
+                      emulation={llvm_name: semantics(lanes)}, asm=asm)
 
 
 def _pmaddwd_row(name: str, lanes: int, llvm_name: str, features: tuple[str, ...]) -> GemmIntrin:
-    return _int16_row(name, lanes, llvm_name, features, _pmaddwd_impl, _pmaddwd_semantics)
+    reg = {16: "zmm", 8: "ymm"}[lanes]
+    asm = IntrinAsm("vpmaddwd", _MADDWD_STEP, reg, 32 if reg == "zmm" else 16)
+    return _int16_row(name, lanes, llvm_name, features, _pmaddwd_impl, _pmaddwd_semantics, asm)
 
 
 def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features: tuple[str, ...]) -> GemmIntrin:
@@ -126,18 +138,22 @@ def _pmaddubsw_row(name: str, lanes: int, llvm_ubsw: str, llvm_wd: str, features
         register(iname, dot_desc(lanes, 4, a_dtype, offset), impl)
         operands[a_dtype] = AOperand(storage=a_dtype, offset=offset, intrin=iname)
     emulation = {llvm_ubsw: _pmaddubsw_semantics(lanes * 2), llvm_wd: _pmaddwd_semantics(lanes)}
+    reg = {16: "zmm", 8: "ymm"}[lanes]
     return GemmIntrin(name, lanes, 4, lanes * 32, operands, features=features, weight_pair_bound=128,
-                      emulation=emulation)
+                      emulation=emulation, asm=IntrinAsm("vpmaddubsw", _UBSW_STEP, reg, 32 if reg == "zmm" else 16))
 
 
 # TVMScript parses 24 prim_funcs here: without the cheap frame inspection that costs seconds.
 with cheap_frame_inspection():
     # One row per instruction shape. Names are what TargetSpec rows and Compiled.kernels() show.
-    VNNI_512 = _vnni_row("vpdpbusd_zmm", 16, "llvm.x86.avx512.vpdpbusd.512", ("avx512f", "avx512bw", "avx512vnni"))
+    VNNI_512 = _vnni_row("vpdpbusd_zmm", 16, "llvm.x86.avx512.vpdpbusd.512", ("avx512f", "avx512bw", "avx512vnni"),
+                         IntrinAsm("vpdpbusd", _VNNI_STEP, "zmm", 32))
     # 256-bit vpdpbusd: LLVM selects the VEX (AVX-VNNI) encoding when AVX-512VL is absent.
-    VNNI_256 = _vnni_row("vpdpbusd_ymm", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx2", "avxvnni"))
+    VNNI_256 = _vnni_row("vpdpbusd_ymm", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx2", "avxvnni"),
+                         IntrinAsm("vpdpbusd", tuple("{{vex}} " + s for s in _VNNI_STEP), "ymm", 16))
     # the same instruction EVEX-encoded (AVX-512 VL): the narrow-GEMM recipe of the AVX-512 VNNI row
-    VNNI_256_VL = _vnni_row("vpdpbusd_ymm_vl", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx512vl", "avx512vnni"))
+    VNNI_256_VL = _vnni_row("vpdpbusd_ymm_vl", 8, "llvm.x86.avx512.vpdpbusd.256", ("avx512vl", "avx512vnni"),
+                            IntrinAsm("vpdpbusd", _VNNI_STEP, "ymm", 32))
     PMADDWD_512 = _pmaddwd_row("vpmaddwd_zmm", 16, "llvm.x86.avx512.pmaddw.d.512", ("avx512f", "avx512bw"))
     PMADDWD_256 = _pmaddwd_row("vpmaddwd_ymm", 8, "llvm.x86.avx2.pmadd.wd", ("avx2",))
 

@@ -8,6 +8,7 @@ import functools
 from typing import Mapping
 
 from ..hwspec import AOperand, CudaTargetSpec, GemmIntrin, GemmRecipe, TargetSpec, Tile
+from ..isa import ISAS, host_isa
 from .arm import ARM_TARGETS
 from .cuda import CUDA_TARGETS
 from .hosts import HOST_FEATURES_ENV, RECORDED_HOSTS, RecordedHost, recorded_host, simulated_host
@@ -25,6 +26,14 @@ def register_target(spec: TargetSpec) -> TargetSpec:
     return spec
 
 
+def unregister_target(name: str) -> None:
+    """Remove the row ``name`` (canonical) and its aliases; an unknown name is a ``KeyError``."""
+    spec = _REGISTRY[name]
+    for key in (spec.name, *spec.aliases):
+        if _REGISTRY.get(key) is spec:
+            del _REGISTRY[key]
+
+
 for _spec in (*X86_TARGETS, *ARM_TARGETS, *CUDA_TARGETS):
     register_target(_spec)
 
@@ -34,27 +43,30 @@ def registered_targets(device: str | None = None) -> dict[str, TargetSpec]:
     return {s.name: s for s in _REGISTRY.values() if device is None or s.device == device}
 
 
-def llvm_feature_name(flag: str) -> str:
-    """A Linux ``/proc/cpuinfo`` flag under LLVM's (and the target rows') name: the kernel writes the
-    AVX and AMX extensions with underscores (``avx512_vnni``, ``avx_vnni``, ``avx512_bf16``,
-    ``amx_int8``), LLVM without (``avx512vnni``, ``avxvnni``, ``avx512bf16``, ``amxint8``)."""
-    return flag.replace("_", "") if flag.startswith(("avx", "amx")) else flag
+def llvm_feature_name(flag: str, isa: str = "x86") -> str:
+    """A Linux ``/proc/cpuinfo`` feature under LLVM's (and the target rows') name, as the family ``isa``
+    spells them (:attr:`tvm_lowprec.isa.Isa.feature_names`): x86 writes the AVX and AMX extensions with
+    underscores (``avx512_vnni``, ``amx_int8``), LLVM without; AArch64 writes ``asimd``, ``asimddp``."""
+    return ISAS[isa].llvm_feature(flag)
 
 
-def cpuinfo_features(flags: str) -> frozenset[str]:
-    """The features of one ``flags`` line of ``/proc/cpuinfo`` (the part after the colon), LLVM names."""
-    return frozenset(llvm_feature_name(f) for f in flags.split())
+def cpuinfo_features(flags: str, isa: str = "x86") -> frozenset[str]:
+    """The features of one feature line of ``/proc/cpuinfo`` (the part after the colon: x86's ``flags``,
+    AArch64's ``Features``), LLVM names."""
+    return ISAS[isa].cpuinfo_features(flags)
 
 
 @functools.lru_cache(maxsize=1)
 def real_host_features() -> frozenset[str]:
-    """CPU features of the machine we really run on (Linux ``/proc/cpuinfo`` flags, LLVM names), whatever
-    host is simulated: what decides, with :func:`host_features`, which code may run natively."""
+    """CPU features of the machine we really run on (the ``/proc/cpuinfo`` feature line of its family,
+    :attr:`tvm_lowprec.isa.Isa.cpuinfo_field`, LLVM names), whatever host is simulated: what decides,
+    with :func:`host_features`, which code may run natively."""
+    isa = host_isa()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return cpuinfo_features(line.split(":", 1)[1])
+                if isa is not None and line.split(":", 1)[0].strip() == isa.cpuinfo_field:
+                    return isa.cpuinfo_features(line.split(":", 1)[1])
     except OSError:
         pass
     import tvm
@@ -215,6 +227,7 @@ __all__ = [
     "host_features",
     "host_supports",
     "llvm_feature_name",
+    "unregister_target",
     "native_target",
     "real_host_features",
     "recorded_host",

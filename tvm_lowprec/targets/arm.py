@@ -79,6 +79,14 @@ _FMLA = GemmRecipe(FMLA, (
     Tile(6, mr=6, nr=4, kblock=128, why="24 accumulators + 4 B + broadcast = 29 of 32; the x86 rows' K block"),
 ))
 
+# llvm-mca (tvm_lowprec.perfmodel) CPU models. LLVM 14 has no Neoverse model: neoverse-v1, neoverse-n2 (and
+# neoverse-n1, cortex-a76, cortex-a72, cortex-x2, cortex-a710) all take its Cortex-A57 model (resources
+# ``A57Unit*``: 3-wide dispatch, two 128-bit SIMD pipes, sdot/usdot latency 3 at 2 per cycle), so their
+# figures are one model's. ampere1 (Armv8.6 with dotprod and i8mm) has a model of its own. cortex-a53's
+# in-order model is left out: the ceiling block (each accumulator's smull then its sadalp) stalls an
+# in-order pipe (0.14 steps per cycle where a software-pipelined block reaches 0.48).
+_DOT_MCA_CPUS = ("neoverse-v1", "neoverse-n2", "ampere1")
+
 ARM_TARGETS = (
     TargetSpec(
         name="arm64-i8mm",
@@ -95,6 +103,8 @@ ARM_TARGETS = (
                     "u8 x s8 natively",
         qemu_cpu="max",
         aliases=("graviton3", "graviton4", "neoverse-v1", "neoverse-v2", "neoverse-n2", "cortex-a710", "cortex-x2"),
+        mca_cpus=_DOT_MCA_CPUS,
+        grid_prediction=True,
     ),
     TargetSpec(
         name="arm64-dotprod",
@@ -111,6 +121,8 @@ ARM_TARGETS = (
                     "u8 activations shifted to s8",
         qemu_cpu="cortex-a76",  # dotprod, no i8mm
         aliases=("graviton2", "neoverse-n1", "cortex-a76", "cortex-a78", "cortex-a55", "rpi5"),
+        mca_cpus=_DOT_MCA_CPUS,
+        grid_prediction=True,
     ),
     TargetSpec(
         name="arm64-neon",
@@ -125,5 +137,11 @@ ARM_TARGETS = (
         description="Armv8.0 Neon without dot product (Cortex-A53/A72, Raspberry Pi 3/4): exact smull + sadalp",
         qemu_cpu="cortex-a72",  # Armv8.0: no dotprod
         aliases=("cortex-a53", "cortex-a72", "rpi4"),
+        mca_cpus=("cortex-a72", "cortex-a57"),
+        grid_prediction=True,
     ),
 )
+
+# the row a board's cross-compiled modules are built for by default (tvm_lowprec.board.cross_compile): Neon
+# and the dot product, which the emulated board (qemu -cpu max) and every Armv8.2+ board have
+BOARD_ROW = "arm64-dotprod"

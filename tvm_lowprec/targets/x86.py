@@ -1,6 +1,6 @@
 """x86 targets. One row per instruction set; tiles say why their numbers are what they are."""
 
-from ..hwspec import FmaIntrin, GemmRecipe, TargetSpec, Tile
+from ..hwspec import FmaIntrin, GemmRecipe, Memory, TargetSpec, Tile
 from ..intrin.x86 import (PMADDUBSW_256, PMADDUBSW_512, PMADDWD_256, PMADDWD_512, VNNI_256, VNNI_256_VL, VNNI_512,
                           VPDPWSSD_512)
 from ..intrin.lookup import VPERMI2B_ZMM, VPSHUFB_YMM, VPSHUFB_ZMM
@@ -167,6 +167,14 @@ _BF16_ZMM = GemmRecipe(VDPBF16PS_512, _BF16_ZMM_TILES)
 # in ``features``; tests/test_targets.py checks every x86 row
 VENDOR_ONLY = ("sse4a", "xop", "fma4", "tbm", "clzero", "mwaitx", "rdpru")
 
+# llvm-mca (tvm_lowprec.perfmodel) has no memory model, and no Intel figures were measured here: the VNNI
+# rows' memory side is the project's Zen 5 class VNNI machine, one core (shared/TVM027_NOTES.md:
+# vpdpbusd zmm about 1070 GOPS, ymm half; a GEMV streamed its weights from L3 at 98 GB/s; L3 reads
+# 92-117 GB/s). LLVM 14's llvm-mca maps the three Intel server CPUs to one Skylake-SP model and alderlake
+# to the Skylake client model; it has no Zen 4/5 model (the VNNI row's own mcpu, znver4).
+_ZEN5_VNNI = Memory(1070.0, 98.0, "Zen 5 class, one core (measured: shared/TVM027_NOTES.md)")
+_ZEN5_VNNI_YMM = Memory(535.0, 98.0, "Zen 5 class core running the 256-bit form (measured peak halved)")
+
 X86_TARGETS = (
     TargetSpec(
         name="x86-avx512-vnni",
@@ -194,6 +202,9 @@ X86_TARGETS = (
         wide_lookup=VPERMI2B_ZMM,  # llvm mcpu znver4 has VBMI; Cascade Lake does not (for_cpu drops it there)
         description="AVX-512 VNNI (Cascade Lake and later, Zen 4/5): vpdpbusd zmm; vdpbf16ps zmm where AVX512_BF16 is",
         aliases=("avx512-vnni", "vnni"),
+        mca_cpus=("icelake-server", "sapphirerapids", "cascadelake"),
+        memory=_ZEN5_VNNI,
+        grid_prediction=True,
     ),
     TargetSpec(
         name="x86-avx-vnni",
@@ -210,6 +221,9 @@ X86_TARGETS = (
         lookup=VPSHUFB_YMM,
         register_permute=VPERMPS_YMM,
         description="AVX-VNNI without AVX-512 (Alder Lake and later client cores): {vex} vpdpbusd ymm",
+        mca_cpus=("alderlake",),
+        memory=_ZEN5_VNNI_YMM,
+        grid_prediction=True,
     ),
     TargetSpec(
         name="x86-avx512",
@@ -227,6 +241,7 @@ X86_TARGETS = (
         lookup=VPSHUFB_ZMM,
         register_permute=VPERMPS_ZMM,
         description="AVX-512BW without VNNI: exact int16 vpmaddwd zmm; vpmaddubsw only for weights proven not to saturate",
+        mca_cpus=("skylake-avx512", "cascadelake"),
     ),
     TargetSpec(
         name="x86-avx2",
@@ -244,5 +259,6 @@ X86_TARGETS = (
         lookup=VPSHUFB_YMM,
         register_permute=VPERMPS_YMM,
         description="AVX2: exact int16 vpmaddwd ymm; vpmaddubsw only for weights proven not to saturate",
+        mca_cpus=("znver3", "haswell"),
     ),
 )
