@@ -103,3 +103,30 @@ def test_a_row_is_gone_once_unregistered():
         tvm_lowprec.resolve_target("gone-row")
     with pytest.raises(KeyError):
         targets.unregister_target("x86-no-such-row")
+
+
+def _device_tests(path: Path):
+    """``(line, source)`` of each comparison of a ``.device`` attribute with a string in a module."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "device" for s in sides) and any(
+                    isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides):
+                yield node.lineno, ast.unparse(node)
+
+
+def test_what_differs_by_device_is_asked_of_its_backend():
+    """No module tests a row's ``device`` against a device's name: the schedule rules, the lowering, the
+    GEMM layout, the build, the executor and the services are the row's backend's
+    (:mod:`tvm_lowprec.backends`); only the registry filters rows by device."""
+    from tvm_lowprec.backends import BACKENDS
+
+    allowed = {Path("targets") / "__init__.py"}  # registered_targets(device), host_supports (CPU features)
+    found = [f"{path.relative_to(PACKAGE)}:{line}: {text}" for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE) not in allowed for line, text in _device_tests(path)]
+    assert not found, "ask spec.backend instead:\n" + "\n".join(found)
+    for spec in targets.registered_targets().values():  # every row's backend resolves what it names
+        backend = spec.backend
+        assert backend is BACKENDS[spec.device] and backend.schedule_rules()
+        assert callable(backend.lowering_pipeline().finalize_passes)

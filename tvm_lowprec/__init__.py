@@ -218,9 +218,8 @@ def _compile_options(num_threads, requant_mode, fast_math, emulate, weight_only)
 
 
 def _build(mod, spec, num_threads, requant_mode, fast_math, database, emulate, weight_only) -> Compiled:
-    """:func:`compile` without the cache: the passes, the build, the runnable form."""
-    import tvm
-
+    """:func:`compile` without the cache: the passes, then the build and the runnable form of the row's backend
+    (:mod:`tvm_lowprec.backends`)."""
     from .pipeline import high_level, lowering_passes
 
     tvm_target = spec.tvm_target(num_threads or 2)
@@ -230,14 +229,27 @@ def _build(mod, spec, num_threads, requant_mode, fast_math, database, emulate, w
     with tvm_target, _dynamic_shapes_named(mod):
         lowered = lowering_passes(tvm_target)(high_level(mod, spec, requant_mode, fast_math, tuned, weight_only))
     narrow = _narrow_outputs(mod)
-    if spec.device == "cuda":  # the device code built by nvcc here, run where TVM sees a GPU
-        from .cuda.model import build_model, device_compiler
+    return spec.backend.build_compiled(lowered=lowered, spec=spec, tvm_target=tvm_target, inputs=inputs, narrow=narrow,
+                                       num_threads=num_threads, emulate=emulate)
 
-        with device_compiler(spec):
-            executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
-        runnable = executable if execution_mode(spec) == "cuda" else None
-        return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, runnable=runnable,
-                        cuda=build_model(executable, spec))
+
+def _build_cuda(lowered, spec, tvm_target, inputs, narrow, num_threads, emulate) -> Compiled:  # noqa: ARG001
+    """The CUDA backend's build: the device code built by nvcc here, run where TVM sees a GPU."""
+    import tvm
+
+    from .cuda.model import build_model, device_compiler
+
+    with device_compiler(spec):
+        executable = tvm.compile(lowered, target=tvm_target, relax_pipeline=None)
+    runnable = executable if execution_mode(spec) == "cuda" else None
+    return Compiled(executable, lowered, spec, inputs, narrow_outputs=narrow, runnable=runnable,
+                    cuda=build_model(executable, spec))
+
+
+def _build_cpu(lowered, spec, tvm_target, inputs, narrow, num_threads, emulate) -> Compiled:
+    """The CPU backend's build: natively (LLVM's back end in a child process), emulated, or compile-only."""
+    import tvm
+
     lowered, any_alignment = unaligned_inputs(lowered)
     mode = execution_mode(spec)
     if mode == "native" and emulate is not True:  # LLVM's back end in a child process: an abort there is a KernelBuildError

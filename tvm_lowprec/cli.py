@@ -233,7 +233,7 @@ def _run_without_timing(compiled, path, inputs, args) -> int:
     Runtime, no times (emulated code says nothing about the target's speed)."""
     print(_kernel_table([r.as_row() for r in compiled.kernels()]))
     _flag_unscheduled(compiled)
-    if compiled.execution == "none" and compiled.spec.device == "cuda":
+    if compiled.execution == "none" and compiled.spec.backend.runtime_device == "cuda":
         build = compiled.cuda
         if build is None:
             print(f"\n{compiled.spec.name}: no CUDA device here and no nvcc: CUDA source only (inspect_source('cuda') "

@@ -189,7 +189,7 @@ class Compiled:
         self.cuda = cuda
         self.narrow_outputs = tuple(narrow_outputs)  # per output: its 4-/2-bit ONNX type, or None
         self._runnable = executable if runnable is _SAME else runnable
-        self._device = tvm.cuda(0) if spec.device == "cuda" and self._runnable is not None else tvm.cpu()
+        self._device = spec.backend.device() if self._runnable is not None else tvm.cpu()
         self._vm = relax.VirtualMachine(self._runnable, self._device) if self._runnable is not None else None
         # the call path: main looked up once; inputs and outputs shared with numpy where on this CPU
         self._main = self._vm["main"] if self._vm is not None else None
@@ -211,23 +211,11 @@ class Compiled:
         code: exact results, meaningless times) or ``"none"`` (this host can run neither)."""
         if self._runnable is None:
             return "none"
-        if self.spec.device == "cuda":
-            return "cuda"
-        return "emulated" if self.emulation is not None else "native"
+        return "emulated" if self.emulation is not None else self.spec.backend.runs_as
 
     def _require(self, timed: bool = False):
-        if self._runnable is None and self.spec.device == "cuda":
-            from .cuda.run import cuda_device_available
-
-            raise LowPrecError(f"{self.spec.name} needs a CUDA device that TVM's runtime can use, and this host has none "
-                               f"({cuda_device_available()[1]}); the build is compile-only here (its PTX and cubin: "
-                               "Compiled.cuda)")
         if self._runnable is None:
-            from .targets import host_features
-
-            missing = sorted(set(self.spec.code_features) - set(host_features()))
-            raise LowPrecError(f"this host lacks {missing} for {self.spec.name}, and the build cannot be emulated here; "
-                               "compile for a row this host runs, or run it on a machine that has them")
+            raise LowPrecError(self.spec.backend.cannot_run(self.spec))
         if timed and self.execution == "emulated":
             raise LowPrecError(f"{self.spec.name} runs emulated on this host (generic code in place of its "
                                "instructions): its times say nothing about the target; time it on a machine that has them")
@@ -328,12 +316,13 @@ class Compiled:
         from .bench.bandwidth import copy_bandwidth, pct_of_copy
 
         self._require(timed=True)
-        if isolated and self.spec.device == "cuda":
-            raise LowPrecError("profile(isolated=True) times CPU kernels; a GPU row's kernels are timed in the model")
+        if isolated and not self.spec.backend.isolated_profile:
+            raise LowPrecError(f"profile(isolated=True) times CPU kernels; a {self.spec.backend.name} row's kernels are "
+                               "timed in the model")
         if isolated and self._lowered is None:
             raise LowPrecError("profile(isolated=True) needs the kernels' IR, which this loaded model lacks")
         self._set_threads()
-        ceiling = copy_bandwidth() if self.spec.device != "cuda" else None  # before the VM's workers spin
+        ceiling = copy_bandwidth() if self.spec.backend.copy_bandwidth else None  # before the VM's workers spin
         tensors = self._arguments(args, kwargs)
         samples: dict[str, list[float]] = {}
         started: dict[str, float] = {}

@@ -110,12 +110,13 @@ def execution_mode(spec) -> str:
     executors (:attr:`tvm_lowprec.isa.Isa.executors`, :data:`EXECUTORS`) that can run it here:
     ``"emulated"`` (through :func:`emulated_ir`), ``"qemu"`` (an AArch64 row whose kernels run under
     qemu-aarch64: :mod:`tvm_lowprec.qemu`), or else ``"compile-only"``."""
+    return spec.backend.execution_mode(spec)
+
+
+def cpu_execution_mode(spec) -> str:
+    """:func:`execution_mode` of a CPU row (the CPU backend's executor)."""
     from .targets import host_supports
 
-    if spec.device == "cuda":
-        from .cuda.run import tvm_cuda_available
-
-        return "cuda" if tvm_cuda_available() else "compile-only"
     if host_supports(spec):
         return "native"
     return next((name for name in isa_of(spec).executors if EXECUTORS[name](spec)), "compile-only")

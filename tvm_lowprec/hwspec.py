@@ -386,6 +386,13 @@ class TargetSpec:
         return self.base or self.name
 
     @property
+    def backend(self):
+        """What its device brings (:class:`tvm_lowprec.backends.Backend`): rules, lowering, build, executor."""
+        from .backends import backend_for
+
+        return backend_for(self)
+
+    @property
     def instruction(self) -> str:
         """What its integer GEMM runs on (the exact intrinsic's name)."""
         return self.gemm.name
@@ -541,6 +548,13 @@ class CudaTargetSpec:
         mins = [t.min_m for t in self.tiles]
         if mins != sorted(mins):
             raise ValueError(f"{self.name}: tile rows must be sorted by min_m")
+
+    @property
+    def backend(self):
+        """What its device brings (:class:`tvm_lowprec.backends.Backend`): rules, lowering, build, executor."""
+        from .backends import backend_for
+
+        return backend_for(self)
 
     @property
     def row(self) -> str:

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.backend.cpu_generic import pipeline as cpu
-from tvm.relax.backend.cuda import pipeline as cuda
 
 from .scalar_params import opaque_scalar_kernels_pass
 from .quant.batch_norm import batch_norm_module
@@ -197,13 +195,12 @@ def _fusion_depth(depth: int):
                                      config=config)
 
 
-_LOWERING = {"cpu": cpu, "cuda": cuda}
-
-
 def lowering_passes(target):
-    """Phase 4 (TVM's own lowering for the target's device: CPU, or CUDA with its CUDA-graph rewrite),
+    """Phase 4 (TVM's own lowering for the target's device, its backend's: CPU, or CUDA with its CUDA-graph rewrite),
     the kernels no function calls any more dropped between TVM's two halves (:func:`drop_unused_kernels`)."""
-    backend = _LOWERING["cuda" if target.kind.name == "cuda" else "cpu"]
+    from .backends import backend_for_target
+
+    backend = backend_for_target(target).lowering_pipeline()
     unused = tvm.transform.module_pass(lambda mod, _ctx: drop_unused_kernels(mod), opt_level=0,
                                        name="lowprec.DropUnusedKernels")
     return tvm.transform.Sequential(backend.dataflow_lower_passes(target) + [unused] + backend.finalize_passes(target))

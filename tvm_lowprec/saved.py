@@ -60,8 +60,8 @@ def savable(compiled) -> str | None:
     board; a GPU row's device code runs where TVM sees a GPU): :meth:`Compiled.export_library` for those."""
     from . import qemu
 
-    if compiled.spec.device != "cpu":
-        return f"{compiled.spec.name} is a GPU row"
+    if not compiled.spec.backend.savable:
+        return f"{compiled.spec.name} is a {compiled.spec.backend.name} row"
     if qemu.is_aarch64(compiled.spec):
         return f"{compiled.spec.name} is an AArch64 row, cross-compiled"
     return None

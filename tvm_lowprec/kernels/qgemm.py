@@ -309,7 +309,7 @@ class GemmLayout:
         """The layout the spec's device asks for: CPU rows pick the first recipe that accepts the
         weights (``b_signed``: int8 values, or None when they are only known at run time), then its
         tile for M; GPU rows their mma form and block tile."""
-        return _LAYOUT_CHOICE[spec.device](problem, spec, b_signed)
+        return spec.backend.choose_layout(problem, spec, b_signed)
 
     @staticmethod
     def _choose_cpu(problem: QGemmProblem, spec: TargetSpec, b_signed=None) -> "GemmLayout":
@@ -688,5 +688,3 @@ def _decision_attrs(problem: QGemmProblem, layout: GemmLayout) -> dict:
         **({"lowprec.window": problem.window.attr()} if problem.window is not None else {}),
     }
 
-
-_LAYOUT_CHOICE = {"cpu": GemmLayout._choose_cpu, "cuda": GemmLayout._choose_mma}

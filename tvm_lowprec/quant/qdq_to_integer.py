@@ -786,7 +786,7 @@ def emit_runtime_packed(builder, match: RuntimeQMatmul, spec: TargetSpec):
     mult = np.float32(np.float32(sx) * np.float32(sw)) / np.float32(sy)
     # a row term whose accumulator would not stay in cache: the row sums made beforehand (a reduction over K,
     # cheap where K is short), so the epilogue joins the GEMM's tiles (rowsum_input)
-    big = batch * m * n * 4 > ROWSUM_INPUT_BYTES and k <= ROWSUM_INPUT_MAX_K and spec.device == "cpu"
+    big = batch * m * n * 4 > ROWSUM_INPUT_BYTES and k <= ROWSUM_INPUT_MAX_K and spec.backend.row_sums_first
     problem = QGemmProblem(m, n, k, dtype_of(match.x), epilogue, row_term=zb_p != 0, batch=batch,
                            requant_f32=spec.float32_requant and _runtime_float32_exact(match, k, mult),
                            rowsum_input=zb_p != 0 and big)

@@ -40,7 +40,6 @@ DEFAULT_RULES = (QGemmRule(), NbitsGemmRule(), QGemm16Rule(), Fp8WeightsRule(), 
 CUDA_RULES = (CudaQGemmRule(), CudaPackBRule(), DlightRule(_dlight_gpu.Reduction(), own_ops=True),
               DlightRule(_dlight_gpu.GeneralReduction(), own_ops=True), DlightRule(_dlight_gpu.Fallback(), own_ops=True))
 
-RULES = {"cpu": DEFAULT_RULES, "cuda": CUDA_RULES}
 
 
 def has_symbolic_shape(func) -> bool:
@@ -54,11 +53,11 @@ def has_symbolic_shape(func) -> bool:
 
 def schedule_func(func, spec, rules=None):
     """The first rule that accepts ``func`` schedules it; ``None`` when none does. ``rules``: the
-    spec's device's table (:data:`RULES`) unless given. A kernel with a symbolic shape goes only to
+    spec's backend's table (``spec.backend.schedule_rules()``) unless given. A kernel with a symbolic shape goes only to
     the rules that declare ``symbolic = True`` (they read extents that may be variables); the others
     tile by constant extents and are not asked."""
     symbolic = has_symbolic_shape(func)
-    for rule in RULES[spec.device] if rules is None else rules:
+    for rule in spec.backend.schedule_rules() if rules is None else rules:
         if symbolic and not getattr(rule, "symbolic", False):
             continue
         sch = rule.apply(func, spec)
@@ -106,9 +105,9 @@ def rules(target="native") -> list:
     from ..targets import resolve_target
 
     spec = resolve_target(target)
-    return [_AsDlightRule(rule, spec) for rule in RULES[spec.device]]
+    return [_AsDlightRule(rule, spec) for rule in spec.backend.schedule_rules()]
 
 
 __all__ = ["Bf16GemmRule", "ByteTransposeRule", "CUDA_RULES", "Col2imRule", "CudaPackBRule", "CudaQGemmRule", "DEFAULT_RULES", "DepthwiseRule", "DlightRule",
            "ElementwiseRule", "Fp32DepthwiseRule", "GenericRule", "Fp32GemmRule", "Fp32MatmulRule", "Fp8WeightsRule", "LookupRule", "Im2colRule", "NbitsGemmRule", "PackBRule", "QGemm16Rule", "QGemmRule",
-           "RULES", "ResizeRule", "RowOpRule", "SeparablePoolRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "rules", "schedule_func"]
+           "ResizeRule", "RowOpRule", "SeparablePoolRule", "StridedReductionRule", "VectorSoftmaxRule", "WindowReductionRule", "rules", "schedule_func"]
