@@ -183,8 +183,19 @@ def emulated_ir(ll: str, semantics: Mapping[str, object] | None = None, cpu: str
     replaced, definitions = {}, []
     for name in sorted(found):
         ll = re.sub(rf"^declare [^\n]*@{re.escape(name)}\([^\n]*$", "", ll, flags=re.M)
-        ll, replaced[name] = re.subn(rf"@{re.escape(name)}\(", f"@{EMULATED_PREFIX}{name[len('llvm.'):]}(", ll)
-        definitions.append(semantics[name].llvm_ir(EMULATED_PREFIX + name[len("llvm."):]))
+        emulated = EMULATED_PREFIX + name[len("llvm."):]
+        if getattr(semantics[name], "state", None):  # a register file in memory, passed to each call
+            ll, replaced[name] = re.subn(rf"(?:(?:tail|musttail|notail) )?call (\w+) @{re.escape(name)}\(",
+                                         rf"call \1 @{emulated}(ptr %{_STATE}, ", ll)
+            ll = ll.replace(f"(ptr %{_STATE}, )", f"(ptr %{_STATE})")
+        else:
+            ll, replaced[name] = re.subn(rf"@{re.escape(name)}\(", f"@{emulated}(", ll)
+        definitions.append(semantics[name].llvm_ir(emulated))
+    states = {semantics[name].state for name in found if getattr(semantics[name], "state", None)}
+    if len(states) > 1:
+        raise EmulationError(f"intrinsics with different emulated register files: {sorted(states)}")
+    if states:
+        ll = _allocate_state(ll, states.pop())
     ll = re.sub(r'"target-cpu"="[^"]*"', f'"target-cpu"="{cpu}"', ll)
     ll = re.sub(r'"target-features"(="[^"]*")?', '"target-features"=""', ll)
     ll, flags = _MODULE_FLAG.subn(lambda m: _retarget_flag(m, cpu), ll)
@@ -194,6 +205,27 @@ def emulated_ir(ll: str, semantics: Mapping[str, object] | None = None, cpu: str
     if left:
         raise EmulationError(f"target intrinsics left after emulation: {left}")
     return ll + "\n" + "\n".join(definitions), EmulationReport(cpu, found, replaced)
+
+
+_STATE = "lowprec.emu.state"  # the emulated register file of a stateful instruction set (AMX's tiles)
+_DEFINE = re.compile(r"^define [^\n]*\{\n", re.M)
+
+
+def _allocate_state(ll: str, state_type: str) -> str:
+    """``ll`` with the emulated register file allocated at the entry of every function that passes it to
+    a replaced call (after the entry block's label, where it has one): per function, so per thread, as
+    the hardware's tiles are."""
+    out, last = [], 0
+    for match in _DEFINE.finditer(ll):
+        end = ll.find("\n}\n", match.end())
+        body = ll[match.end():end]
+        if f"%{_STATE}" not in body:
+            continue
+        first = body.split("\n", 1)[0]
+        at = match.end() + (len(first) + 1 if re.match(r"^[\w.$-]+:", first) else 0)
+        out += [ll[last:at], f"  %{_STATE} = alloca {state_type}, align 64\n"]
+        last = at
+    return "".join(out) + ll[last:]
 
 
 def load_emulated(lib, semantics=None):

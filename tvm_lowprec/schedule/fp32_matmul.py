@@ -24,7 +24,7 @@ heads' parallel loop, the row tiles inside it); the generic schedule ran those s
 1x2x7x128x64 @ 256 keys, the copy and tile at 0.68 ms (symbolic rows: 1.69 ms; Zen 4, one thread).
 
 A symbolic J (a decode step's or a prompt's scores against the cache, ``[.., head, total]``) is padded
-to whole column tiles first, symbolic rows to whole row tiles (:meth:`Fp32MatmulRule._pad_columns`),
+to whole column tiles first, symbolic rows to whole row tiles (:meth:`Fp32MatmulRule._pad_to_tiles`),
 where the product is the kernel's only block.
 
 Declines other dtypes, a constant J that no vector divides, a symbolic K, a block that is not this
@@ -114,11 +114,11 @@ class Fp32MatmulRule:
         mr = tile.mr if rows is None else _largest_divisor(rows, tile.mr)
         budget = (recipe.intrin.registers - 1) // (mr + 1)  # mr*nr accumulators + nr B vectors + broadcast
         most = max(1, min(tile.nr * max(1, tile.mr // mr), budget))
-        if cols is None:  # the keys of a decode step's scores: padded to whole tiles (see _pad_columns)
+        if cols is None:  # the keys of a decode step's scores: padded to whole tiles (see _pad_to_tiles)
             if transposed is not None or len(blocks) != 1:
                 return None
             try:
-                self._pad_columns(sch, block, len(loops), most * lanes, mr if rows is None else 1)
+                self._pad_to_tiles(sch, block, len(loops), most * lanes, mr if rows is None else 1)
                 local = sch.cache_write(block, 0, "local")
                 jo = self._tile(sch, block, sch.get_loops(block), mr, most, lanes)
                 self._local_tile(sch, local, jo)
@@ -144,7 +144,7 @@ class Fp32MatmulRule:
     # [1, 2, 7s, 64] x [1, 2, 64, keys]: decode (s = 1, 129 keys) 11.6 us, generic 90; a prompt's
     # (s = 128, 128 keys) 0.47 ms, generic 13.6 ms.
     @staticmethod
-    def _pad_columns(sch, block, depth, width, height=1):
+    def _pad_to_tiles(sch, block, depth, width, height=1):
         name = sch.get(block).name_hint
         sch.pad_einsum(block, [1] * (depth - 3) + [height, width, 1])
         for other in [b for b in root_children(sch)[1] if sch.get(b).name_hint != name]:
