@@ -17,7 +17,7 @@ their heads and head size), which :class:`tvm_lowprec.llm.Generator` allocates.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -28,14 +28,12 @@ from ..frontend.converters import CACHE_IN_PLACE, CONTRIB_DOMAIN
 
 
 @dataclass(frozen=True)
-class CacheLayout:
-    """The decoder's inputs as :func:`cache_in_place` found them.
+class DecoderInputs:
+    """What a generator feeds a decoder and reads back, whatever form its cache takes: the caches' heads
+    and head size (each cache ``[batch, kv_heads, length, head_size]`` of ``dtype``), ``tokens`` (the token
+    id input), ``mask`` (the attention mask input), ``positions`` (a ``position_ids`` input or None),
+    ``logits`` (the output kept) and ``vocab`` (its last dimension, where the file says it)."""
 
-    ``caches``: per layer, the names of its past key and past value inputs; each is ``[batch, kv_heads,
-    length, head_size]`` float32. ``tokens``: the token id input; ``mask``: the attention mask input;
-    ``positions``: a ``position_ids`` input or None; ``logits``: the output kept."""
-
-    caches: tuple[tuple[str, str], ...]
     kv_heads: int
     head_size: int
     tokens: str
@@ -43,7 +41,15 @@ class CacheLayout:
     positions: str | None
     logits: str
     dtype: str = "float32"
-    vocab: int | None = None  # the logits' last dimension, where the file says it
+    vocab: int | None = None
+
+
+@dataclass(frozen=True)
+class CacheLayout(DecoderInputs):
+    """The decoder's inputs as :func:`cache_in_place` found them; ``caches``: per layer, the names of its
+    past key and past value inputs (the buffers written in place)."""
+
+    caches: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
 
     def shapes(self, batch: int, seq, length: int) -> dict[str, tuple]:
         """``shape_dict`` of a compile taking ``seq`` tokens per call into a cache of ``length`` steps
@@ -168,9 +174,9 @@ def cache_in_place(model: onnx.ModelProto, path=None) -> tuple[onnx.ModelProto, 
         raise UnsupportedOperatorError(f"the decoder has inputs the generator does not feed: {sorted(extra)}")
     dims = kept[0].type.tensor_type.shape.dim
     vocab = int(dims[-1].dim_value) if dims and dims[-1].HasField("dim_value") else None
-    layout = CacheLayout(tuple(caches), kv_heads, head_size, tokens, mask,
-                         "position_ids" if "position_ids" in names else None, kept[0].name, vocab=vocab)
+    layout = CacheLayout(kv_heads, head_size, tokens, mask, "position_ids" if "position_ids" in names else None,
+                         kept[0].name, vocab=vocab, caches=tuple(caches))
     return model, layout
 
 
-__all__ = ["CacheLayout", "LAST_ROW", "cache_in_place", "last_row_logits"]
+__all__ = ["CacheLayout", "DecoderInputs", "LAST_ROW", "cache_in_place", "last_row_logits"]

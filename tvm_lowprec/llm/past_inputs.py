@@ -12,12 +12,13 @@ compiled model returned, without a copy). :func:`past_inputs` finds that layout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 from onnx import helper
 
 from ..errors import UnsupportedOperatorError
+from .cache_graph import DecoderInputs
 
 # How exporters name a layer's present output after its past input: optimum and torch
 # (``past_key_values.0.key`` -> ``present.0.key``), older exports (``past_key_0`` -> ``present_key_0``)
@@ -25,22 +26,11 @@ _PRESENT_NAMES = (("past_key_values", "present"), ("past_", "present_"), ("past"
 
 
 @dataclass(frozen=True)
-class PastLayout:
-    """A plain export's inputs and outputs as :func:`past_inputs` found them.
+class PastLayout(DecoderInputs):
+    """A plain export's inputs and outputs as :func:`past_inputs` found them; ``pasts``: ``(past input,
+    present output)`` per cache tensor, in input order."""
 
-    ``pasts``: ``(past input, present output)`` per cache tensor, in input order; each ``[batch,
-    kv_heads, length, head_size]``. ``tokens``, ``mask``, ``positions`` (or None), ``logits``: as
-    :class:`~tvm_lowprec.llm.cache_graph.CacheLayout` names them."""
-
-    pasts: tuple[tuple[str, str], ...]
-    kv_heads: int
-    head_size: int
-    tokens: str
-    mask: str
-    positions: str | None
-    logits: str
-    dtype: str = "float32"
-    vocab: int | None = None
+    pasts: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
 
 
 def _dims(value_info) -> list:
@@ -91,7 +81,7 @@ def past_inputs(model: onnx.ModelProto) -> PastLayout:
         raise UnsupportedOperatorError("the decoder has no output besides its present caches (no logits)")
     logits = "logits" if "logits" in kept else kept[0]
     dims = _dims(outputs[logits])
-    return PastLayout(pasts, int(kv_heads), int(head_size), tokens, mask, positions, logits,
+    return PastLayout(int(kv_heads), int(head_size), tokens, mask, positions, logits, pasts=pasts,
                       dtype=str(helper.tensor_dtype_to_np_dtype(elem)),
                       vocab=dims[-1] if dims and isinstance(dims[-1], int) else None)
 
